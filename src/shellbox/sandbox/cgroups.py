@@ -1,0 +1,131 @@
+"""The host's cgroup layout: which kind it is, and the per-container subtree we delegate.
+
+Three layouts exist: pure v2, pure v1, and *hybrid* (v1 controllers plus a v2 mount at
+``/sys/fs/cgroup/unified`` holding nothing useful). crun 1.8 refuses hybrid hosts, so on those
+every crun call runs in a private mount namespace with the v2 mount removed, which makes crun
+use plain v1 (see ``crun.py``).
+
+Each container's cgroup is ``shellbox/<id>``. Before the container starts we create it in the
+controllers the in-container agent needs (memory, pids, freezer) and hand it to the
+container's root uid, so the agent can make one sub-cgroup per command; uid 1000 inside can
+neither move out of it nor raise a limit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARENT = "shellbox"
+DELEGATED_V1 = ("memory", "pids", "freezer")
+V2_DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
+
+
+class CgroupMode(StrEnum):
+    v1 = "v1"
+    v2 = "v2"
+    hybrid = "hybrid"
+
+
+def detect_mode(root: Path = CGROUP_ROOT) -> CgroupMode:
+    if (root / "cgroup.controllers").exists():
+        return CgroupMode.v2
+    if (root / "unified").is_dir() and _is_cgroup2(root / "unified"):
+        return CgroupMode.hybrid
+    return CgroupMode.v1
+
+
+def _is_cgroup2(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts") as f:
+        return any(
+            line.split()[1] == target and line.split()[2] == "cgroup2" for line in f if line.strip()
+        )
+
+
+@dataclass(frozen=True)
+class HostCgroups:
+    mode: CgroupMode
+    root: Path = CGROUP_ROOT
+
+    def cgroups_path(self, container_id: str) -> str:
+        """The value for the OCI ``linux.cgroupsPath``."""
+        return f"/{PARENT}/{container_id}"
+
+    def _v1_hierarchies(self) -> list[Path]:
+        out = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name == "unified" or not entry.is_dir() or entry.is_symlink():
+                continue
+            out.append(entry)
+        return out
+
+    def prepare(self, container_id: str, owner_uid: int) -> None:
+        """Create the container's cgroup and delegate it to ``owner_uid``."""
+        if self.mode is CgroupMode.v2:
+            parent = self.root / PARENT
+            parent.mkdir(exist_ok=True)
+            _enable_v2_controllers(self.root)
+            _enable_v2_controllers(parent)
+            path = parent / container_id
+            path.mkdir(exist_ok=True)
+            os.chown(path, owner_uid, owner_uid)
+            for name in V2_DELEGATED_FILES:
+                if (path / name).exists():
+                    os.chown(path / name, owner_uid, owner_uid)
+            return
+        for ctl in DELEGATED_V1:
+            path = self.root / ctl / PARENT / container_id
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, owner_uid, owner_uid)
+            for name in ("cgroup.procs", "tasks"):
+                os.chown(path / name, owner_uid, owner_uid)
+
+    def remove(self, container_id: str, timeout_s: float = 2.0) -> None:
+        """Remove the container's cgroups, sub-cgroups first. Waits for dying processes."""
+        if self.mode is CgroupMode.v2:
+            tops = [self.root / PARENT / container_id]
+        else:
+            tops = [h / PARENT / container_id for h in self._v1_hierarchies()]
+        deadline = time.monotonic() + timeout_s
+        for top in tops:
+            if not top.is_dir():
+                continue
+            while True:
+                try:
+                    _rmdir_tree(top)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+
+    def existing(self) -> set[str]:
+        """Ids of containers that have a cgroup on this host."""
+        if self.mode is CgroupMode.v2:
+            parent = self.root / PARENT
+        else:
+            parent = self.root / "memory" / PARENT
+        if not parent.is_dir():
+            return set()
+        return {p.name for p in parent.iterdir() if p.is_dir()}
+
+
+def _enable_v2_controllers(path: Path) -> None:
+    wanted = {"memory", "pids", "cpu"}
+    available = set((path / "cgroup.controllers").read_text().split())
+    enabled = set((path / "cgroup.subtree_control").read_text().split())
+    missing = (wanted & available) - enabled
+    if missing:
+        (path / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(missing)))
+
+
+def _rmdir_tree(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir():
+            _rmdir_tree(child)
+    path.rmdir()

@@ -1,7 +1,7 @@
 """The sandbox image: a Debian 12 root filesystem built with mmdebstrap, shared read-only.
 
 The recipe (suite, packages, post-steps) is hashed; an image lives in
-``<state>/images/<profile>-<hash>/rootfs`` and is rebuilt only when the recipe changes. After
+``<image_dir>/<profile>-<hash>/rootfs`` (``<state>/images`` by default) and is rebuilt only when the recipe changes. After
 the build its owners are shifted by ``oci.HOST_UID_BASE`` so the per-container user namespace
 sees normal owners, and the tree is only ever used as an overlay lower layer (never written).
 """
@@ -92,23 +92,23 @@ class Image:
         return (self.path.parent / "complete").exists()
 
 
-def image_for(state_dir: Path, profile: Profile) -> Image:
-    return Image(profile, state_dir / "images" / f"{profile}-{recipe_hash(profile)}" / "rootfs")
+def image_for(image_dir: Path, profile: Profile) -> Image:
+    return Image(profile, image_dir / f"{profile}-{recipe_hash(profile)}" / "rootfs")
 
 
 def ensure_image(
-    state_dir: Path, profile: Profile = "minimal", *, out: TextIO | None = None, force: bool = False
+    image_dir: Path, profile: Profile = "minimal", *, out: TextIO | None = None, force: bool = False
 ) -> Image:
     """Return the image for ``profile``, building it first if it is missing."""
-    image = image_for(state_dir, profile)
+    image = image_for(image_dir, profile)
     if image.ready and not force:
         return image
-    build_image(state_dir, profile, out=out if out is not None else sys.stderr)
+    build_image(image_dir, profile, out=out if out is not None else sys.stderr)
     return image
 
 
-def build_image(state_dir: Path, profile: Profile, *, out: TextIO) -> Image:
-    image = image_for(state_dir, profile)
+def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
+    image = image_for(image_dir, profile)
     final = image.path.parent
     if shutil.which("mmdebstrap") is None:
         msg = "mmdebstrap is not installed; run ./scripts/setup.sh (apt-get install mmdebstrap)"

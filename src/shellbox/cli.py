@@ -1,0 +1,135 @@
+"""The ``shellbox`` command: serve, run, image, keys, patch."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from shellbox.errors import ShellboxError
+from shellbox.settings import Settings, load_settings
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "state_dir", None):
+        overrides["state_dir"] = Path(args.state_dir).resolve()
+    for k, v in extra.items():
+        if v is not None:
+            overrides[k] = v
+    return load_settings(getattr(args, "config", None), **overrides)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="state directory (env SHELLBOX_STATE_DIR)")
+    p.add_argument("--config", type=Path, help="TOML settings file (env SHELLBOX_CONFIG)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from shellbox.ids import new_id
+    from shellbox.sandbox import ContainerSpec, create_runtime
+    from shellbox.service.shell import ShellLimits, shell_call_output_item
+
+    settings = _settings(args)
+    limits = ShellLimits.from_settings(settings.limits)
+    commands: list[str] = args.commands
+    if commands and commands[0] == "--":
+        commands = commands[1:]
+    request = limits.exec_request(
+        commands, args.timeout_ms, args.max_output_length, param="commands"
+    )
+    runtime = create_runtime(settings)
+
+    async def go() -> dict[str, Any]:
+        if args.container:
+            container_id = args.container
+            await runtime.start(container_id)  # no-op when it already runs
+        else:
+            container_id = new_id("cntr_")
+            await runtime.create(
+                ContainerSpec(
+                    id=container_id, memory_limit=args.memory_limit,
+                    pids_limit=settings.runtime.pids_limit, cpus=settings.runtime.cpus,
+                    tmp_size_mb=settings.runtime.tmp_size_mb,
+                )
+            )
+        try:
+            if not args.container:
+                await runtime.start(container_id)
+            results = await runtime.run(container_id, request)
+        except BaseException:
+            if not args.container and not args.keep:
+                await runtime.destroy(container_id)
+            raise
+        if args.keep:
+            print(container_id)
+        elif not args.container:
+            await runtime.destroy(container_id)
+        return shell_call_output_item(new_id("call_"), results, request.max_output_length)
+
+    item = asyncio.run(go())
+    if not args.keep:
+        print(json.dumps(item, ensure_ascii=False))
+    else:
+        print(json.dumps(item, ensure_ascii=False), file=sys.stderr)
+    return 0
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from shellbox.sandbox.image import ensure_image
+
+    settings = _settings(args)
+    settings.image_dir().mkdir(parents=True, exist_ok=True)
+    image = ensure_image(settings.image_dir(), args.profile, force=args.force)
+    print(image.path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shellbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run commands in a sandbox and print a shell_call_output")
+    _add_common(run)
+    run.add_argument("--timeout-ms", type=int, default=None)
+    run.add_argument("--max-output-length", type=int, default=None)
+    run.add_argument("--memory-limit", choices=["1g", "4g", "16g", "64g"], default="1g")
+    run.add_argument("--keep", action="store_true", help="keep the container; print its id")
+    run.add_argument("--container", help="run in this existing container")
+    run.add_argument("commands", nargs=argparse.REMAINDER, help="-- CMD [CMD ...]")
+    run.set_defaults(func=cmd_run)
+
+    image = sub.add_parser("image", help="manage the sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help="build the sandbox image (cached by recipe)")
+    _add_common(build)
+    build.add_argument("--profile", choices=["minimal", "full"], default="minimal")
+    build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.set_defaults(func=cmd_image_build)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+_EXTRA_COMMANDS: list[Any] = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ShellboxError as exc:
+        print(f"shellbox: error: {exc.message}", file=sys.stderr)
+        return 2 if exc.status < 500 else 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

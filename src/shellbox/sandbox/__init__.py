@@ -1,0 +1,53 @@
+"""Where sandboxes live: the ``Runtime`` protocol and its OCI (crun/runc) implementation."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from shellbox.sandbox.base import (
+    CommandFinished,
+    CommandResult,
+    CommandStarted,
+    ContainerSpec,
+    ExecEvent,
+    ExecRequest,
+    Mount,
+    Outcome,
+    OutputDelta,
+    Runtime,
+    SandboxInfo,
+)
+from shellbox.sandbox.crun import OciRuntime
+from shellbox.sandbox.image import ensure_image
+from shellbox.settings import Settings
+
+__all__ = [
+    "CommandFinished",
+    "CommandResult",
+    "CommandStarted",
+    "ContainerSpec",
+    "ExecEvent",
+    "ExecRequest",
+    "Mount",
+    "OciRuntime",
+    "Outcome",
+    "OutputDelta",
+    "Runtime",
+    "SandboxInfo",
+    "create_runtime",
+]
+
+
+def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRuntime:
+    """The runtime the settings ask for, building the sandbox image first if it is missing."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    image = ensure_image(
+        settings.image_dir(), settings.runtime.image_profile, out=out or sys.stderr
+    )
+    return OciRuntime(
+        settings.state_dir,
+        image.path,
+        binary=settings.runtime.type,
+        seccomp=settings.runtime.seccomp,
+    )

@@ -1,0 +1,1 @@
+"""The rules of shellbox: limits, tenancy, container lifecycle, files, calls. No HTTP here."""

@@ -1,0 +1,137 @@
+"""Typed settings, one section per part of the system.
+
+Precedence, highest first: explicit arguments (the CLI's flags, or ``Settings(...)`` in code),
+then environment variables ``SHELLBOX_<SECTION>__<KEY>`` (and ``SHELLBOX_STATE_DIR``), then the
+TOML file given by ``--config`` or ``SHELLBOX_CONFIG``, then the defaults below.
+``load_settings()`` returns the object; nothing reads a global.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_STATE_DIR = Path("/var/lib/shellbox")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RuntimeSettings(_Section):
+    type: Literal["crun", "runc"] = Field("crun", description="OCI runtime binary")
+    image_profile: Literal["minimal", "full"] = Field("minimal", description="sandbox image")
+    seccomp: bool = Field(True, description="apply the default seccomp profile")
+    pids_limit: int = Field(1024, ge=16, description="processes per container")
+    cpus: float = Field(1.0, gt=0, description="CPU quota per container, in cores")
+    tmp_size_mb: int = Field(512, ge=1, description="size of the /tmp tmpfs, in MiB")
+    image_dir: Path | None = Field(
+        None, description="where images are cached; default: <state_dir>/images"
+    )
+
+
+class LimitSettings(_Section):
+    default_timeout_ms: int = Field(120_000, ge=1, description="per-command timeout default")
+    max_timeout_ms: int = Field(300_000, ge=1, description="per-command timeout clamp")
+    default_max_output_length: int = Field(16_384, ge=0, description="per-stream cap default")
+    max_output_length: int = Field(65_536, ge=0, description="per-stream cap clamp")
+    max_commands: int = Field(100, ge=1, le=100, description="commands per call")
+    upload_max_bytes: int = Field(512 << 20, ge=1, description="largest upload, in bytes")
+    max_containers_per_project: int = Field(100, ge=1, description="live containers per project")
+    max_memory_gb_per_project: int = Field(256, ge=1, description="sum of memory limits, GiB")
+
+
+class LifecycleSettings(_Section):
+    idle_sleep_s: float = Field(300, gt=0, description="idle seconds before a container sleeps")
+    default_expiry_minutes: int = Field(20, ge=1, le=10_080, description="expires_after default")
+    reaper_interval_s: float = Field(5, gt=0, description="how often the reaper looks")
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind")
+
+
+class StoreSettings(_Section):
+    database_url: SecretStr | None = Field(
+        None, description="SQLAlchemy URL; default: SQLite in the state directory"
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_url(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        raw = v.get_secret_value()
+        if not raw.startswith(("sqlite", "postgresql")):
+            msg = "store.database_url must be sqlite:///... or postgresql+psycopg://..."
+            raise ValueError(msg)
+        return v
+
+
+class EgressSettings(_Section):
+    allow: list[str] | None = Field(None, description="organisation allowlist (globs)")
+    upstream_ca: list[Path] = Field(default_factory=list, description="extra upstream CAs")
+    hosts_file: Path | None = Field(None, description="hosts-file overrides for upstreams")
+    proxy_port: int = Field(0, ge=0, le=65535, description="proxy port (0: pick one)")
+
+
+class UpstreamSettings(_Section):
+    base_url: str | None = Field(None, description="OpenAI-compatible upstream base URL")
+    api_key: SecretStr | None = Field(None, description="upstream API key")
+    dialect: Literal["chat", "responses"] = Field("chat", description="upstream API dialect")
+    timeout_s: float = Field(120, gt=0, description="upstream request timeout")
+    models: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="model name -> {base_url, api_key, dialect, model}"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SHELLBOX_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="where containers, images, db live")
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    egress: EgressSettings = Field(default_factory=EgressSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+
+    def image_dir(self) -> Path:
+        return self.runtime.image_dir or self.state_dir / "images"
+
+    def database_url(self) -> str:
+        if self.store.database_url is not None:
+            return self.store.database_url.get_secret_value()
+        return f"sqlite:///{self.state_dir / 'shellbox.db'}"
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from (in rising precedence) defaults, a TOML file, the environment, overrides."""
+    path = config or (Path(os.environ["SHELLBOX_CONFIG"]) if "SHELLBOX_CONFIG" in os.environ else None)
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            file_values = tomllib.load(f)
+    env_settings = Settings()  # defaults + environment
+    merged = _deep_merge(file_values, env_settings.model_dump(exclude_unset=True))
+    merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
+    return Settings(**merged)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,178 @@ async def container(runtime: OciRuntime) -> AsyncIterator[str]:
     await runtime.start(cid)
     yield cid
     await runtime.destroy(cid)
+
+
+# -- a real server on a loopback port ----------------------------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+import httpx  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """``shellbox serve`` in a subprocess, on its own state directory and loopback port."""
+
+    state_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def shellbox(self, *args: str) -> str:
+        """Run a ``shellbox`` CLI command against this server's state directory."""
+        out = subprocess.run(
+            [sys.executable, "-m", "shellbox.cli", *args, "--state-dir", str(self.state_dir)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=self._env(),
+        )
+        return out.stdout.strip()
+
+    def create_key(self, project: str) -> str:
+        return self.shellbox("keys", "create", "--project", project)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SHELLBOX_RUNTIME__IMAGE_DIR"] = str(IMAGE_DIR)
+        env.update(self.env)
+        return env
+
+    def start(self, timeout_s: float = 60) -> ServerProcess:
+        self.log_path = self.state_dir / f"server-{self.port}.log"
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shellbox.cli",
+                "serve",
+                "--state-dir",
+                str(self.state_dir),
+                "--port",
+                str(self.port),
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self._env(),
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log()}")
+            try:
+                if httpx.get(f"{self.root_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not start: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-5000:] if self.log_path else ""
+
+    def kill(self) -> None:
+        """Stop it uncleanly (SIGKILL), as a crash would."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def destroy_all_sandboxes(state_dir: Path) -> None:
+    """Remove every container a test server left (its processes, cgroups, files)."""
+    import asyncio
+
+    from shellbox.sandbox.crun import OciRuntime
+    from shellbox.sandbox.image import image_for
+
+    async def go() -> None:
+        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path)
+        for info in await rt.list():
+            await rt.destroy(info.id)
+
+    asyncio.run(go())
+
+
+@pytest.fixture(scope="session")
+def server_factory() -> Iterator[Callable[..., ServerProcess]]:
+    """Start extra servers (own state dir), e.g. with short lifecycle settings via ``env``."""
+    started: list[ServerProcess] = []
+
+    def make(
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        state_dir: Path | None = None,
+        start: bool = True,
+    ) -> ServerProcess:
+        server = ServerProcess(state_dir or make_state_dir("shellbox-srv-"), env or {}, args or [])
+        started.append(server)
+        return server.start() if start else server
+
+    yield make
+    for server in started:
+        server.stop()
+        destroy_all_sandboxes(server.state_dir)
+        shutil.rmtree(server.state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """The shared server: API keys exist, so only real keys work (project 'test')."""
+    srv = server_factory(start=False)
+    srv.env["SHELLBOX_TEST_KEY"] = srv.create_key("test")
+    return srv.start()
+
+
+@pytest.fixture(scope="session")
+def api_key(server: ServerProcess) -> str:
+    return server.env["SHELLBOX_TEST_KEY"]
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerProcess, api_key: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def http(server: ServerProcess, api_key: str) -> Iterator[httpx.Client]:
+    """A plain HTTP client for what the SDK does not cover (calls, raw error bodies)."""
+    with httpx.Client(
+        base_url=server.root_url, timeout=120, headers={"authorization": f"Bearer {api_key}"}
+    ) as c:
+        yield c

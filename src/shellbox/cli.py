@@ -51,8 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             container_id = new_id("cntr_")
             await runtime.create(
                 ContainerSpec(
-                    id=container_id, memory_limit=args.memory_limit,
-                    pids_limit=settings.runtime.pids_limit, cpus=settings.runtime.cpus,
+                    id=container_id,
+                    memory_limit=args.memory_limit,
+                    pids_limit=settings.runtime.pids_limit,
+                    cpus=settings.runtime.cpus,
                     tmp_size_mb=settings.runtime.tmp_size_mb,
                 )
             )
@@ -88,6 +90,77 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from shellbox.app import create_app
+    from shellbox.services import create_services
+
+    server: dict[str, Any] = {}
+    if args.host:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    extra: dict[str, Any] = {"server": server} if server else {}
+    if args.database_url:
+        extra["store"] = {"database_url": args.database_url}
+    settings = _settings(args, **extra)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    services = create_services(settings)  # builds the image first if it is missing
+    if not services.keys.any_active() and settings.server.host not in LOOPBACK:
+        print(
+            f"shellbox: refusing to listen on {settings.server.host} with no API keys: create "
+            "one with `shellbox keys create --project NAME`, or bind 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    app = create_app(settings, services)
+    uvicorn.run(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level="warning",
+        access_log=False,
+    )
+    return 0
+
+
+def _key_service(args: argparse.Namespace) -> Any:
+    from shellbox.service.keys import KeyService
+    from shellbox.store import create_database
+
+    settings = _settings(args)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return KeyService(create_database(settings.database_url()))
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    key, token = _key_service(args).create(args.project)
+    print(token)
+    print(
+        f"created {key.id} for project {key.project}; the key is shown only once", file=sys.stderr
+    )
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    for key in _key_service(args).list():
+        state = "revoked" if key.revoked_at else "active"
+        print(f"{key.id}\t{key.project}\t{key.prefix}...\t{state}")
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    key = _key_service(args).revoke(args.key_id)
+    print(f"revoked {key.id} ({key.project})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shellbox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +182,27 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--profile", choices=["minimal", "full"], default="minimal")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     build.set_defaults(func=cmd_image_build)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    _add_common(serve)
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in state dir)")
+    serve.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    kc = keys_sub.add_parser("create", help="create a key for a project; prints it once")
+    _add_common(kc)
+    kc.add_argument("--project", required=True)
+    kc.set_defaults(func=cmd_keys_create)
+    kl = keys_sub.add_parser("list", help="list keys (never the keys themselves)")
+    _add_common(kl)
+    kl.set_defaults(func=cmd_keys_list)
+    kr = keys_sub.add_parser("revoke", help="revoke a key by id")
+    _add_common(kr)
+    kr.add_argument("key_id")
+    kr.set_defaults(func=cmd_keys_revoke)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

@@ -116,7 +116,9 @@ class Settings(BaseSettings):
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     """Settings from (in rising precedence) defaults, a TOML file, the environment, overrides."""
-    path = config or (Path(os.environ["SHELLBOX_CONFIG"]) if "SHELLBOX_CONFIG" in os.environ else None)
+    path = config or (
+        Path(os.environ["SHELLBOX_CONFIG"]) if "SHELLBOX_CONFIG" in os.environ else None
+    )
     file_values: dict[str, Any] = {}
     if path is not None:
         with open(path, "rb") as f:

@@ -24,8 +24,11 @@ class ShellLimits:
     @classmethod
     def from_settings(cls, s: LimitSettings) -> ShellLimits:
         return cls(
-            s.default_timeout_ms, s.max_timeout_ms, s.default_max_output_length,
-            s.max_output_length, s.max_commands,
+            s.default_timeout_ms,
+            s.max_timeout_ms,
+            s.default_max_output_length,
+            s.max_output_length,
+            s.max_commands,
         )
 
     def timeout_ms(self, requested: int | None) -> int:

@@ -1,0 +1,1 @@
+"""The HTTP layer: FastAPI routers that parse the wire format and call the service layer."""

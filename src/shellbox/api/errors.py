@@ -1,0 +1,100 @@
+"""Every error leaves as the OpenAI envelope ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shellbox.errors import ShellboxError
+
+log = logging.getLogger("shellbox.api")
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def envelope(
+    status: int,
+    message: str,
+    *,
+    type: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {
+        "error": {
+            "message": message,
+            "type": type or _STATUS_TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_response(exc: ShellboxError) -> JSONResponse:
+    headers = {}
+    if exc.retryable is not None:
+        headers["x-should-retry"] = "true" if exc.retryable else "false"
+    return envelope(
+        exc.status, exc.message, type=exc.type, param=exc.param, code=str(exc.code), headers=headers
+    )
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or None
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ShellboxError)
+    async def _shellbox(_: Request, exc: ShellboxError) -> JSONResponse:
+        if exc.status >= 500:
+            log.error("%s: %s", type(exc).__name__, exc.message)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        param = _loc_to_param(tuple(first.get("loc", ())))
+        where = f" at {param}" if param else ""
+        msg = f"Invalid request{where}: {first.get('msg', 'invalid value')}"
+        if len(errors) > 1:
+            msg += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        return envelope(400, msg, param=param, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = "Unknown route: check the URL and that it starts with /v1"
+        elif exc.status_code == 405:
+            message = "This route does not accept that HTTP method"
+        else:
+            message = str(exc.detail)
+        return envelope(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        return envelope(
+            500, "The server had an error while processing your request.", code="internal_error"
+        )

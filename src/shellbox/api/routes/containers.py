@@ -1,0 +1,104 @@
+"""/v1/containers and /v1/containers/{id}/calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from shellbox.api import schemas
+from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.errors import InvalidRequest, ShellboxError
+from shellbox.service.containers import CreateContainer
+
+router = APIRouter(prefix="/v1/containers", tags=["containers"])
+
+
+@router.post("")
+async def create_container(
+    body: schemas.CreateContainerBody, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    req = CreateContainer(
+        name=body.name,
+        memory_limit=body.memory_limit or "1g",
+        expires_after_minutes=body.expires_after.minutes if body.expires_after else None,
+        file_ids=body.file_ids or [],
+        network_policy=body.network_policy.model_dump(exclude_none=True)
+        if body.network_policy
+        else {"type": "disabled"},
+        skills=body.skills or [],
+    )
+    record = await services.containers.create(principal, req)
+    return JSONResponse(schemas.container(record))
+
+
+@router.get("")
+async def list_containers(
+    principal: PrincipalDep,
+    services: ServicesDep,
+    paging: PagingDep,
+    name: Annotated[str | None, Query(description="only containers with this name")] = None,
+) -> JSONResponse:
+    records, has_more = services.containers.list(
+        principal, after=paging.after, limit=paging.limit, order=paging.order, name=name
+    )
+    return JSONResponse(schemas.page([schemas.container(r) for r in records], has_more))
+
+
+@router.get("/{container_id}")
+async def retrieve_container(
+    container_id: str, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    return JSONResponse(schemas.container(services.containers.get(principal, container_id)))
+
+
+@router.delete("/{container_id}")
+async def delete_container(
+    container_id: str, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    await services.containers.delete(principal, container_id)
+    return JSONResponse(schemas.deleted(container_id, "container.deleted"))
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+@router.post("/{container_id}/calls")
+async def create_call(
+    container_id: str,
+    principal: PrincipalDep,
+    services: ServicesDep,
+    item: Annotated[dict[str, Any], Body(description="one tool-call item as a model emits it")],
+    stream: Annotated[bool, Query(description="answer with server-sent events")] = False,
+) -> Any:
+    """Run one ``shell_call``, ``local_shell_call`` or ``apply_patch_call`` item; returns the
+    matching output item (or, with ``?stream=true``, SSE events ending with that item)."""
+    if not stream:
+        return JSONResponse(await services.calls.call(principal, container_id, item))
+    if item.get("type") != "shell_call":
+        msg = "?stream=true is supported for shell_call items only"
+        raise InvalidRequest(msg, param="stream")
+    services.calls.shell_request(item)  # validate before the 200 goes out
+    services.containers.get(principal, container_id)
+    events = services.calls.shell_call_events(principal, container_id, item)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                yield _sse(event)
+        except ShellboxError as exc:
+            yield _sse(
+                {"type": "error", "code": str(exc.code), "message": exc.message, "param": exc.param}
+            )
+        finally:
+            await events.aclose()  # a client that left: the agent kills the running command
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )

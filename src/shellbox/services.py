@@ -1,0 +1,70 @@
+"""Wiring: build every service from the settings, in dependency order, and tear them down.
+
+Optional features (apply_patch, skills, egress, responses) attach themselves here to the core
+services through their hooks, so the core never imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from shellbox.sandbox import OciRuntime, create_runtime
+from shellbox.service.calls import CallService
+from shellbox.service.containers import ContainerService
+from shellbox.service.files import FileService
+from shellbox.service.keys import KeyService
+from shellbox.service.shell import ShellLimits
+from shellbox.settings import Settings
+from shellbox.store import Database, create_database
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    runtime: OciRuntime
+    keys: KeyService
+    containers: ContainerService
+    files: FileService
+    calls: CallService
+    limits: ShellLimits
+    extras: dict[str, Any] = field(default_factory=dict)  # feature name -> its service
+    closers: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Recover what a previous run left, then start background work."""
+        for feature in self.extras.values():
+            start = getattr(feature, "start", None)
+            if start is not None:
+                await start()
+        await self.containers.recover()
+        self.containers.start_reaper()
+
+    async def close(self) -> None:
+        await self.containers.stop_reaper()
+        for closer in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                await closer()
+        self.db.dispose()
+
+
+def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Services:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    db = create_database(settings.database_url())
+    runtime = runtime or create_runtime(settings)
+    limits = ShellLimits.from_settings(settings.limits)
+    keys = KeyService(db)
+    containers = ContainerService(settings, db, runtime)
+    files = FileService(settings, db, containers)
+    calls = CallService(containers, files, limits)
+    services = Services(settings, db, runtime, keys, containers, files, calls, limits)
+    for install in FEATURES:
+        install(services)
+    return services
+
+
+# Each optional feature provides ``install(services)``; listed here so the order is explicit.
+FEATURES: list[Callable[[Services], None]] = []

@@ -161,6 +161,32 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_patch(args: argparse.Namespace) -> int:
+    """Apply a ``*** Begin Patch`` envelope to a container's /mnt/data (all or nothing)."""
+    from shellbox.errors import ContainerNotFound, InvalidRequest
+    from shellbox.patch import PatchError, parse_patch
+    from shellbox.sandbox.crun import OciRuntime
+    from shellbox.sandbox.image import image_for
+    from shellbox.service.patching import apply_operations
+
+    settings = _settings(args)
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        ops = parse_patch(text)
+    except PatchError as exc:
+        msg = f"{args.file}: {exc}"
+        raise InvalidRequest(msg) from None
+    runtime = OciRuntime(
+        settings.state_dir, image_for(settings.image_dir(), settings.runtime.image_profile).path
+    )
+    if not (runtime.container_dir(args.container) / "spec.json").exists():
+        msg = f"no container {args.container!r} in {settings.state_dir}"
+        raise ContainerNotFound(msg)
+    completed, output = apply_operations(runtime.data_dir(args.container), ops)
+    print(output, file=sys.stdout if completed else sys.stderr)
+    return 0 if completed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shellbox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(kr)
     kr.add_argument("key_id")
     kr.set_defaults(func=cmd_keys_revoke)
+
+    patch = sub.add_parser("patch", help="apply a V4A patch envelope to a container's files")
+    _add_common(patch)
+    patch.add_argument("file", help="the patch file ('*** Begin Patch' ... ), or - for stdin")
+    patch.add_argument("--container", required=True, help="container id")
+    patch.set_defaults(func=cmd_patch)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

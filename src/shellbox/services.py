@@ -68,3 +68,14 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
 
 # Each optional feature provides ``install(services)``; listed here so the order is explicit.
 FEATURES: list[Callable[[Services], None]] = []
+
+
+def _install_apply_patch(services: Services) -> None:
+    from shellbox.service.patching import PatchService
+
+    patcher = PatchService(services.containers, services.files)
+    services.extras["apply_patch"] = patcher
+    services.calls.handlers["apply_patch_call"] = patcher.apply_patch_call
+
+
+FEATURES.append(_install_apply_patch)

@@ -107,7 +107,9 @@ def read_chunks(fd: int, chunk: int = 1 << 16) -> Iterator[bytes]:
         os.close(fd)
 
 
-def write_file(root: Path, rel: str, chunks: Iterator[bytes], *, uid: int) -> int:
+def write_file(
+    root: Path, rel: str, chunks: Iterator[bytes], *, uid: int, mode: int = 0o644
+) -> int:
     """Write (replacing) ``rel`` owned by ``uid``; returns the size. Atomic via rename."""
     name = rel.rsplit("/", 1)[-1]
     tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
@@ -131,6 +133,7 @@ def write_file(root: Path, rel: str, chunks: Iterator[bytes], *, uid: int) -> in
                 os.write(fd, data)
                 size += len(data)
             os.fchown(fd, uid, uid)
+            os.fchmod(fd, mode)
         except BaseException:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)
@@ -147,6 +150,15 @@ def delete(root: Path, rel: str) -> None:
     except FileNotFoundError:
         msg = f"no file at {DATA_MOUNT}/{rel}"
         raise FileNotFound(msg) from None
+
+
+def lstat(root: Path, rel: str) -> os.stat_result | None:
+    """What is at ``rel`` (a symlink is reported, not followed); None if nothing is."""
+    try:
+        with _parent_fd(root, rel) as dfd:
+            return os.stat(rel.rsplit("/", 1)[-1], dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def stat_file(root: Path, rel: str) -> os.stat_result | None:

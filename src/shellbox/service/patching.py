@@ -1,0 +1,288 @@
+"""``apply_patch_call`` items: V4A operations applied to a container's ``/mnt/data``.
+
+The diff logic is the pure ``shellbox.patch`` library; this module does the file side. Files
+are read and written on the host through the symlink-proof ``fs`` helpers, with the sandbox
+user's permissions checked as the kernel would check them for uid 1000 (a file the sandbox
+user cannot write cannot be patched) and new files owned by that user.
+
+A call is atomic: every operation is computed in memory first (later operations see earlier
+ones), and only when all succeed are the files written. If writing fails half-way, what was
+already written is put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shellbox.errors import FileNotFound, InvalidRequest
+from shellbox.ids import new_id
+from shellbox.patch import PatchError, PatchOperation, apply_diff, operation_from_dict, parse_patch
+from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.service import fs
+from shellbox.service.models import Principal
+
+R, W, X = 4, 2, 1
+SANDBOX_HOST_UID = host_uid(SANDBOX_UID)
+MAX_PATCH_FILE_BYTES = 64 << 20
+
+
+class OperationFailed(Exception):
+    """One operation cannot be applied; the message is written for the model."""
+
+
+def _may(st: os.stat_result, want: int) -> bool:
+    """Would uid/gid 1000 inside the sandbox get ``want`` access to this inode?"""
+    if st.st_uid == SANDBOX_HOST_UID:
+        bits = (st.st_mode >> 6) & 7
+    elif st.st_gid == SANDBOX_HOST_UID:
+        bits = (st.st_mode >> 3) & 7
+    else:
+        bits = st.st_mode & 7
+    return bits & want == want
+
+
+@dataclass
+class _Original:
+    content: bytes | None  # None: the file did not exist
+    mode: int
+
+
+class Workspace:
+    """The files of one container's data directory, as one patch call sees them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pending: dict[str, str | None] = {}  # rel -> new text, None = delete
+        self.modes: dict[str, int] = {}
+        self.originals: dict[str, _Original] = {}
+
+    def _lstat(self, rel: str) -> os.stat_result | None:
+        try:
+            return fs.lstat(self.root, rel)
+        except InvalidRequest as exc:  # a symlink or a file on the way
+            raise OperationFailed(exc.message) from None
+
+    def _check_dir_writable(self, rel: str) -> None:
+        """The nearest existing directory above ``rel`` must let uid 1000 add/remove entries."""
+        parts = rel.split("/")[:-1]
+        while True:
+            d = "/".join(parts)
+            path = self.root / d if d else self.root
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                parts = parts[:-1]
+                continue
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                msg = f"/mnt/data/{d} is not a directory (or is a symbolic link)"
+                raise OperationFailed(msg)
+            if not _may(st, W | X):
+                msg = f"permission denied: the sandbox user cannot write in /mnt/data/{d or ''}"
+                raise OperationFailed(msg.rstrip("/"))
+            return
+
+    def exists(self, rel: str) -> bool:
+        if rel in self.pending:
+            return self.pending[rel] is not None
+        return self._lstat(rel) is not None
+
+    def read(self, rel: str, *, for_write: bool) -> str:
+        if rel in self.pending:
+            text = self.pending[rel]
+            if text is None:
+                msg = f"/mnt/data/{rel} was deleted earlier in this patch"
+                raise OperationFailed(msg)
+            return text
+        try:
+            fd = fs.open_read(self.root, rel)
+        except FileNotFound:
+            msg = f"/mnt/data/{rel} does not exist"
+            raise OperationFailed(msg) from None
+        except InvalidRequest as exc:
+            raise OperationFailed(exc.message) from None
+        try:
+            st = os.fstat(fd)
+            if not _may(st, R) or (for_write and not _may(st, W)):
+                what = "write" if for_write else "read"
+                msg = f"permission denied: the sandbox user cannot {what} /mnt/data/{rel}"
+                raise OperationFailed(msg)
+            if st.st_size > MAX_PATCH_FILE_BYTES:
+                msg = f"/mnt/data/{rel} is larger than {MAX_PATCH_FILE_BYTES >> 20} MiB"
+                raise OperationFailed(msg)
+            data = b"".join(fs.read_chunks(os.dup(fd)))
+            self.modes.setdefault(rel, stat.S_IMODE(st.st_mode))
+            self.originals.setdefault(rel, _Original(data, stat.S_IMODE(st.st_mode)))
+        finally:
+            os.close(fd)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            msg = f"/mnt/data/{rel} is not UTF-8 text; apply_patch edits text files only"
+            raise OperationFailed(msg) from None
+
+    def stage(self, rel: str, text: str | None) -> None:
+        if rel not in self.originals:
+            st = self._lstat(rel)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                self.read(rel, for_write=False)
+            else:
+                self.originals[rel] = _Original(None, 0o644)
+        self.pending[rel] = text
+
+    def commit(self) -> None:
+        done: list[str] = []
+        try:
+            for rel, text in self.pending.items():
+                if text is None:
+                    with contextlib.suppress(FileNotFound):
+                        fs.delete(self.root, rel)
+                else:
+                    fs.write_file(
+                        self.root,
+                        rel,
+                        iter([text.encode()]),
+                        uid=SANDBOX_HOST_UID,
+                        mode=self.modes.get(rel, 0o644),
+                    )
+                done.append(rel)
+        except (OSError, InvalidRequest):
+            for rel in done:  # put back what this call already changed
+                orig = self.originals[rel]
+                try:
+                    if orig.content is None:
+                        fs.delete(self.root, rel)
+                    else:
+                        fs.write_file(
+                            self.root,
+                            rel,
+                            iter([orig.content]),
+                            uid=SANDBOX_HOST_UID,
+                            mode=orig.mode,
+                        )
+                except (OSError, InvalidRequest, FileNotFound):
+                    pass
+            raise
+
+
+def operations_from_item(item: dict[str, Any]) -> list[PatchOperation]:
+    """The operations of an ``apply_patch_call``: ``operation``, ``operations`` (the Agents
+    SDK's plural form) or a whole ``*** Begin Patch`` envelope in ``patch``/``input``."""
+    try:
+        if isinstance(item.get("operation"), dict):
+            return [operation_from_dict(item["operation"])]
+        if isinstance(item.get("operations"), list) and item["operations"]:
+            return [
+                operation_from_dict(op, index=i) for i, op in enumerate(item["operations"], start=1)
+            ]
+        for key in ("patch", "input"):
+            if isinstance(item.get(key), str) and item[key].strip():
+                return parse_patch(item[key])
+    except PatchError as exc:
+        raise InvalidRequest(str(exc), param="operation") from None
+    msg = (
+        "an apply_patch_call needs 'operation' ({type, path, diff}), 'operations' (a list of "
+        "them) or 'patch' (a '*** Begin Patch' envelope)"
+    )
+    raise InvalidRequest(msg, param="operation")
+
+
+def _apply_one(ws: Workspace, op: PatchOperation) -> str:
+    try:
+        rel = fs.relative_path(op.path)
+        target = fs.relative_path(op.move_to) if op.move_to else None
+    except InvalidRequest as exc:
+        raise OperationFailed(exc.message) from None
+    shown = op.path
+    if op.type == "create_file":
+        if ws.exists(rel):
+            msg = f"{shown} already exists; use update_file to change it"
+            raise OperationFailed(msg)
+        ws._check_dir_writable(rel)
+        ws.stage(rel, apply_diff("", op.diff, mode="create"))
+        return f"Created {shown}"
+    if not ws.exists(rel):
+        hint = "create_file to make it" if op.type == "update_file" else "nothing to delete"
+        msg = (
+            f"{shown} does not exist; use {hint}"
+            if op.type == "update_file"
+            else (f"{shown} does not exist; there is {hint}")
+        )
+        raise OperationFailed(msg)
+    if op.type == "delete_file":
+        ws._check_dir_writable(rel)
+        ws.read(rel, for_write=False)
+        ws.stage(rel, None)
+        return f"Deleted {shown}"
+    text = ws.read(rel, for_write=True)
+    new = apply_diff(text, op.diff)
+    if target and target != rel:
+        if ws.exists(target):
+            msg = f"cannot move {shown} to {op.move_to}: it already exists"
+            raise OperationFailed(msg)
+        ws._check_dir_writable(rel)
+        ws._check_dir_writable(target)
+        ws.modes[target] = ws.modes.get(rel, 0o644)
+        ws.stage(rel, None)
+        ws.stage(target, new)
+        return f"Updated {shown}\nMoved {shown} to {op.move_to}"
+    ws.stage(rel, new)
+    return f"Updated {shown}"
+
+
+def apply_operations(root: Path, ops: list[PatchOperation]) -> tuple[bool, str]:
+    """Apply all or nothing; returns (completed, output text)."""
+    ws = Workspace(root)
+    lines = []
+    for index, op in enumerate(ops, start=1):
+        try:
+            lines.append(_apply_one(ws, op))
+        except (OperationFailed, PatchError) as exc:
+            where = (
+                f"operation {index} ({op.type} {op.path})"
+                if len(ops) > 1
+                else (f"{op.type} {op.path}")
+            )
+            unchanged = " No changes were made." if len(ops) > 1 else ""
+            return False, f"apply_patch failed at {where}: {exc}{unchanged}"
+    try:
+        ws.commit()
+    except (OSError, InvalidRequest) as exc:
+        text = (
+            exc.message if isinstance(exc, InvalidRequest) else os.strerror(exc.errno or errno.EIO)
+        )
+        return False, f"apply_patch failed while writing: {text}. No changes were made."
+    return True, "\n".join(lines)
+
+
+def apply_patch_output(call_id: str, completed: bool, output: str) -> dict[str, Any]:
+    return {
+        "type": "apply_patch_call_output",
+        "id": new_id("apo_"),
+        "call_id": call_id,
+        "status": "completed" if completed else "failed",
+        "output": output,
+    }
+
+
+class PatchService:
+    """Registered as the ``apply_patch_call`` handler of the calls endpoint."""
+
+    def __init__(self, containers: Any, files: Any) -> None:
+        self.containers = containers
+        self.files = files
+
+    async def apply_patch_call(
+        self, principal: Principal, cid: str, item: dict[str, Any]
+    ) -> dict[str, Any]:
+        ops = operations_from_item(item)
+        call_id = item.get("call_id") or item.get("id") or new_id("call_")
+        async with self.containers.activity(principal, cid):
+            completed, output = apply_operations(self.containers.data_dir(cid), ops)
+            self.files.sync(cid)
+        return apply_patch_output(str(call_id), completed, output)

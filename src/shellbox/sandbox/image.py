@@ -1,7 +1,8 @@
 """The sandbox image: a Debian 12 root filesystem built with mmdebstrap, shared read-only.
 
 The recipe (suite, packages, post-steps) is hashed; an image lives in
-``<image_dir>/<profile>-<hash>/rootfs`` (``<state>/images`` by default) and is rebuilt only when the recipe changes. After
+``<image_dir>/<profile>-<hash>/rootfs`` (``<state>/images`` by default) and is rebuilt only
+when the recipe changes. After
 the build its owners are shifted by ``oci.HOST_UID_BASE`` so the per-container user namespace
 sees normal owners, and the tree is only ever used as an overlay lower layer (never written).
 """
@@ -115,11 +116,15 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         raise ImageBuildError(msg)
     work = final.parent / f".build-{final.name}-{os.getpid()}"
     if work.exists():
-        shutil.rmtree(work)
+        remove_build_dir(work)
     work.mkdir(parents=True)
     rootfs = work / "rootfs"
     bar = ProgressBar(out, f"building sandbox image ({profile})")
+    # mmdebstrap (root mode) mounts /dev, /proc and /sys inside the tree it builds. In a
+    # private mount namespace those mounts die with it, even when the build is killed, so
+    # removing the half-built tree can never reach the host's /dev through them.
     cmd = [
+        "unshare", "--mount", "--propagation", "private", "--",
         "mmdebstrap", "--variant=minbase", "--mode=root", "--format=directory",
         f"--include={','.join(PROFILES[profile])}",
         '--aptopt=Acquire::Check-Valid-Until "false"',
@@ -151,14 +156,46 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         (work / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         os.chmod(work, 0o755)
         if final.exists():
-            shutil.rmtree(final)
+            remove_build_dir(final)
         work.rename(final)
         bar.done("sandbox image ready")
     except BaseException:
         bar.close()
-        shutil.rmtree(work, ignore_errors=True)
+        remove_build_dir(work)
         raise
     return image
+
+
+def remove_build_dir(path: Path) -> None:
+    """Remove a (half-)built image tree without ever descending into a mount point.
+
+    A build interrupted by an older version, or mmdebstrap run outside our mount namespace,
+    can leave /dev, /proc or /sys mounted inside the tree: unmount those first (deepest
+    first), then remove only what lives on the tree's own file system.
+    """
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    for mountpoint in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
+    device = os.lstat(path).st_dev
+
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if os.lstat(p).st_dev == device:
+                os.unlink(p)
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if st.st_dev != device:
+                msg = f"refusing to remove {p}: it is on another file system (a mount?)"
+                raise ImageBuildError(msg)
+            if os.path.islink(p):
+                os.unlink(p)
+            else:
+                os.rmdir(p)
+    os.rmdir(path)
 
 
 def _finish_rootfs(rootfs: Path) -> None:
@@ -171,7 +208,9 @@ def _finish_rootfs(rootfs: Path) -> None:
     for d in ("mnt/data", "mnt/skills", "opt/shellbox/agent", "run/shellbox"):
         (rootfs / d).mkdir(parents=True, exist_ok=True)
     os.chown(rootfs / "mnt/data", SANDBOX_UID, SANDBOX_UID)
-    (rootfs / "etc/hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n")
+    (rootfs / "etc/hosts").write_text(
+        "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n"
+    )
     (rootfs / "etc/hostname").write_text("sandbox\n")
     (rootfs / "etc/resolv.conf").unlink(missing_ok=True)
     (rootfs / "etc/resolv.conf").write_text("")

@@ -25,6 +25,8 @@ from shellbox.patch import apply_diff, apply_diff_detailed, make_diff
 LINES = 50_000
 HUNKS = 500
 TARGET_RATIO = 3.0
+BASELINE = "read+write file (baseline)"
+HEADLINE = "apply_diff, anchored hunks (LF)"
 RESULTS = Path(__file__).resolve().parent / "results" / "patch.json"
 
 
@@ -60,19 +62,40 @@ def build_diff(lines: list[str], blocks: int = HUNKS) -> str:
     return "\n".join(out) + "\n"
 
 
-def median_seconds(action: Callable[[], object], runs: int) -> float:
-    action()  # warm-up: imports, caches, page cache
-    samples = []
+def interleaved_medians(actions: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median seconds per action, timing the actions round-robin.
+
+    Interleaving makes every action see the same background load, which matters more for
+    the ratio than the absolute numbers on a shared machine.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in actions}
+    for action in actions.values():
+        action()  # warm-up: imports, caches, page cache
     for _ in range(runs):
-        started = time.perf_counter()
+        for name, action in actions.items():
+            started = time.perf_counter()
+            action()
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def isolated_medians(actions: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median seconds per action, each timed in its own back-to-back loop (warm caches)."""
+    medians: dict[str, float] = {}
+    for name, action in actions.items():
         action()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+        samples = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            action()
+            samples.append(time.perf_counter() - started)
+        medians[name] = statistics.median(samples)
+    return medians
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15, help="timed runs per row (median)")
+    parser.add_argument("--runs", type=int, default=21, help="timed runs per row (median)")
     args = parser.parse_args(argv)
     runs: int = args.runs
 
@@ -85,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     generated = make_diff(text, expected)
     assert apply_diff(text, generated) == expected
     fuzz = apply_diff_detailed(text, diff).fuzz
+    # Every line gets trailing blanks the diff lacks: each hunk needs the rstrip pass, so
+    # this times the general line-list applier instead of the exact-match fast path.
+    padded = "\n".join(line + "  " for line in lines) + "\n"
+    assert apply_diff_detailed(padded, diff).fuzz >= HUNKS
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "big.py"
@@ -94,24 +121,36 @@ def main(argv: list[str] | None = None) -> int:
             content = path.read_text(encoding="utf-8")
             path.write_text(content, encoding="utf-8")
 
-        baseline = median_seconds(read_write, runs)
-    rows = {
-        "read+write file (baseline)": baseline,
-        "apply_diff, anchored hunks (LF)": median_seconds(lambda: apply_diff(text, diff), runs),
-        "apply_diff, anchored hunks (CRLF)": median_seconds(
-            lambda: apply_diff(crlf_text, diff), runs
-        ),
-        "apply_diff, make_diff output": median_seconds(lambda: apply_diff(text, generated), runs),
-    }
-    ratio = rows["apply_diff, anchored hunks (LF)"] / baseline
-    worst = max(value for name, value in rows.items() if name.startswith("apply")) / baseline
+        actions: dict[str, Callable[[], object]] = {
+            BASELINE: read_write,
+            HEADLINE: lambda: apply_diff(text, diff),
+            "apply_diff, anchored hunks (CRLF)": lambda: apply_diff(crlf_text, diff),
+            "apply_diff, make_diff output": lambda: apply_diff(text, generated),
+            "apply_diff, every hunk fuzzy": lambda: apply_diff(padded, diff),
+        }
+        rows = interleaved_medians(actions, runs)
+        alone = isolated_medians(actions, runs)
+    baseline, alone_baseline = rows[BASELINE], alone[BASELINE]
+    ratio = rows[HEADLINE] / baseline
+    alone_ratio = alone[HEADLINE] / alone_baseline
+    exact = [name for name in rows if name.startswith("apply") and "fuzzy" not in name]
+    worst = max(max(rows[n] / baseline, alone[n] / alone_baseline) for n in exact)
+    meets = max(ratio, alone_ratio) <= TARGET_RATIO
 
     print(f"file: {LINES} lines, {len(text):,} chars; diff: {HUNKS} hunks, fuzz {fuzz}")
-    print(f"{'case':<36} {'median ms':>10} {'x baseline':>11}")
+    print(f"{'':<36} {'--- interleaved ---':>22} {'---- isolated ----':>22}")
+    print(f"{'case':<36} {'ms':>10} {'x baseline':>11} {'ms':>10} {'x baseline':>11}")
     for name, seconds in rows.items():
-        print(f"{name:<36} {seconds * 1000:>10.2f} {seconds / baseline:>11.2f}")
-    verdict = "OK" if ratio <= TARGET_RATIO else "OVER TARGET"
-    print(f"ratio {ratio:.2f} (worst case {worst:.2f}) vs target {TARGET_RATIO:.1f}: {verdict}")
+        print(
+            f"{name:<36} {seconds * 1000:>10.2f} {seconds / baseline:>11.2f}"
+            f" {alone[name] * 1000:>10.2f} {alone[name] / alone_baseline:>11.2f}"
+        )
+    print("(the target is for the anchored LF row; 'fuzzy' times the general applier)")
+    print(
+        f"ratio {ratio:.2f} interleaved, {alone_ratio:.2f} isolated "
+        f"(worst exact case {worst:.2f}) vs target {TARGET_RATIO:.1f}: "
+        f"{'OK' if meets else 'OVER TARGET'}"
+    )
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {
@@ -120,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         "chars": len(text),
         "runs": runs,
         "median_ms": {name: round(seconds * 1000, 3) for name, seconds in rows.items()},
+        "isolated_median_ms": {name: round(seconds * 1000, 3) for name, seconds in alone.items()},
         "ratio": round(ratio, 3),
-        "worst_ratio": round(worst, 3),
+        "isolated_ratio": round(alone_ratio, 3),
+        "worst_exact_ratio": round(worst, 3),
         "target_ratio": TARGET_RATIO,
-        "meets_target": ratio <= TARGET_RATIO,
+        "meets_target": meets,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
     }

@@ -6,11 +6,15 @@ context, so the search semantics here decide which edit a model actually gets. T
 the reference applier step by step (anchors, three fuzz passes, ``*** End of File``) so that a
 patch that works against OpenAI's tooling works here too, and vice versa.
 
-Performance matters because models send many-hunk patches against big files. The applier
-never rescans the file from the top: searches run forward from the previous hunk's end with
-``list.index`` (C speed), "seen before the cursor" questions use an incrementally grown set,
-and if a patch keeps missing (e.g. every hunk needs whitespace fuzz) a position index is built
-once so later misses cost a dictionary lookup instead of a scan.
+Performance matters because models send many-hunk patches against big files, and nothing
+here rescans the file from the top for every hunk. Most patches match exactly, and those
+are applied by a fast path that works on the text itself (``str.find`` on each hunk's joined
+context, output assembled from slices), because splitting a big file into a list of lines
+is the largest fixed cost. Everything else goes through the general line-list applier: its
+searches run forward from the previous hunk's end with ``list.index`` (C speed), "does the
+anchor occur before the cursor" is answered from a first-occurrence map built once, and if
+a patch keeps missing (e.g. every hunk needs whitespace fuzz) a position index is built so
+later misses cost a dictionary lookup instead of a scan.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import difflib
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from shellbox.patch.errors import (
     AnchorNotFoundError,
@@ -53,20 +57,25 @@ EOF_MARKER = "*** End of File"
 EOF_FUZZ = 10_000
 _RSTRIP_FUZZ = 1
 _STRIP_FUZZ = 100
+# Prefixes up to this many lines are scanned rather than indexed.
+_SHORT_PREFIX = 2048
 
 # Envelope lines that end a diff body early (a body pasted with its envelope still works).
 _SECTION_PREFIXES = ("*** End Patch", "*** Update File:", "*** Delete File:", "*** Add File:")
 # Lines that end a hunk, and end the whole diff when they appear where a hunk would start.
 _STOP_PREFIXES = (*_SECTION_PREFIXES, EOF_MARKER)
+_HEADER_EXPECTED = "a hunk header: '@@' alone, or '@@ ' (with a space) then anchor text"
+_HUNK_EXPECTED = "a hunk: '@@' header lines followed by ' ', '-' or '+' lines"
+_BODY_AFTER_HEADER = "at least one ' ', '-' or '+' line after the '@@' header"
+_NEXT_HUNK_EXPECTED = "an '@@' header: every hunk after the first must start with one"
 _BODY_EXPECTED = (
     "a hunk line starting with ' ' (unchanged context), '-' (removed), '+' (added), "
     f"an '@@' header that starts the next hunk, or {EOF_MARKER!r}"
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One run of ``-``/``+`` lines inside a hunk.
+class Chunk(NamedTuple):
+    """One run of ``-``/``+`` lines inside a hunk (a NamedTuple: cheap to build in bulk).
 
     ``orig_index`` is the position of the first removed line *within the hunk's context*; the
     applier shifts it by the position where the context was found.
@@ -77,9 +86,8 @@ class Chunk:
     ins_lines: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Hunk:
-    """One parsed ``@@`` section of an update diff.
+class Hunk(NamedTuple):
+    """One parsed ``@@`` section of an update diff (a NamedTuple: cheap to build in bulk).
 
     ``context`` is every space and ``-`` line in order (what must be found in the file);
     ``header_count`` counts all ``@@`` lines, bare ones included, because stacking two or more
@@ -155,85 +163,28 @@ def parse_create_diff(diff: str, *, line_offset: int = 0, path: str | None = Non
 
 
 def parse_update_diff(diff: str, *, line_offset: int = 0, path: str | None = None) -> list[Hunk]:
-    """Parse an update diff into hunks (§5b.2). Parsing stops at envelope markers.
+    """Parse an update diff into hunks (§5b.2), in one pass over its lines.
 
-    Only the first hunk may omit its ``@@`` header. A line that is exactly empty is context
-    with empty content. An empty diff yields no hunks (applying it is a no-op).
-    ``line_offset`` and ``path`` only change error messages (see :func:`parse_create_diff`).
+    Only the first hunk may omit its ``@@`` header (a later headerless hunk is accepted here
+    and rejected by the applier unless the cursor is still at 0, as in the reference). A line
+    that is exactly empty is context with empty content. ``*** End of File`` closes a hunk;
+    an envelope marker (or ``*** End of File`` where a hunk would start) ends the diff. An
+    empty diff yields no hunks, so applying it is a no-op. ``line_offset`` and ``path`` only
+    change error messages (see :func:`parse_create_diff`).
     """
     lines = split_diff_lines(diff)
-    total = len(lines)
     hunks: list[Hunk] = []
-    i = 0
-    while i < total and not lines[i].startswith(_STOP_PREFIXES):
-        start = i
-        anchors: list[str] = []
-        while i < total and (lines[i] == "@@" or lines[i].startswith("@@ ")):
-            anchor = lines[i][3:]
-            if anchor.strip():
-                anchors.append(anchor)
-            i += 1
-        header_count = i - start
-        if i < total and lines[i].startswith("@@"):
-            raise PatchParseError(
-                reason="Invalid Line",
-                line_number=line_offset + i + 1,
-                line=lines[i],
-                expected="a hunk header: '@@' alone, or '@@ ' (with a space) then anchor text",
-                path=path,
-            )
-        body_start = i
-        context, chunks, eof, i = _parse_body(lines, i, line_offset, path)
-        if i == body_start and not eof and header_count == 0 and hunks:
-            raise PatchParseError(
-                reason="Invalid Line",
-                line_number=line_offset + i + 1,
-                line=lines[i],
-                expected="an '@@' header: every hunk after the first must start with one",
-                path=path,
-            )
-        if i == body_start and not eof:  # "@@" + "*** End of File" alone is a no-op hunk
-            raise EmptyHunkError(
-                reason="Nothing in this section",
-                line_number=line_offset + i + 1 if i < total else None,
-                line=lines[i] if i < total else None,
-                expected="at least one ' ', '-' or '+' line after the '@@' header"
-                if header_count
-                else "a hunk: '@@' header lines followed by ' ', '-' or '+' lines",
-                path=path,
-            )
-        if eof:
-            i += 1  # the marker belongs to this hunk; more hunks may follow it
-        hunks.append(
-            Hunk(
-                anchors=tuple(anchors),
-                header_count=header_count,
-                context=tuple(context),
-                chunks=tuple(chunks),
-                eof=eof,
-                line_number=line_offset + start + 1,
-            )
-        )
-    return hunks
-
-
-def _parse_body(
-    lines: list[str], i: int, line_offset: int, path: str | None
-) -> tuple[list[str], list[Chunk], bool, int]:
-    """Read one hunk body from ``lines[i]``; return (context, chunks, eof, next index).
-
-    The terminating line is *not* consumed: the caller decides whether it starts a new hunk
-    or ends the diff (``*** End of File`` and the envelope markers end it).
-    """
-    total = len(lines)
+    anchors: list[str] = []
+    headers = 0
+    start = 0  # index of the current hunk's first line
     context: list[str] = []
     chunks: list[Chunk] = []
     dels: list[str] = []
     ins: list[str] = []
-    chunk_start = -1
-    eof = False
-    while i < total:
-        line = lines[i]
+    chunk_start = -1  # >= 0 while a run of -/+ lines is open
+    # The per-line branches below only append to lists; everything else happens on the
+    # rare header and marker lines. (This loop is most of the parse time for big diffs.)
+    for index, line in enumerate(lines):
         tag = line[:1]
         if tag == " " or not line:
             if chunk_start >= 0:
@@ -249,23 +200,65 @@ def _parse_body(
             if chunk_start < 0:
                 chunk_start = len(context)
             ins.append(line[1:])
-        elif line.startswith("@@"):
-            break
-        elif line == "***" or line.startswith(_STOP_PREFIXES):
-            eof = line.startswith(EOF_MARKER)
-            break
         else:
-            raise PatchParseError(
-                reason="Invalid Line",
-                line_number=line_offset + i + 1,
-                line=line,
-                expected=_BODY_EXPECTED,
-                path=path,
+            in_body = bool(context) or chunk_start >= 0
+            is_eof = line.startswith(EOF_MARKER)
+            if line == "@@" or line.startswith("@@ ") or in_body or (headers and is_eof):
+                if in_body or (headers and is_eof):
+                    if chunk_start >= 0:
+                        chunks.append(Chunk(chunk_start, tuple(dels), tuple(ins)))
+                    number = line_offset + start + 1
+                    hunks.append(
+                        Hunk(tuple(anchors), headers, tuple(context), tuple(chunks), is_eof, number)
+                    )
+                    anchors, headers, context, chunks = [], 0, [], []
+                    dels, ins, chunk_start, start = [], [], -1, index + 1
+                if line == "@@" or line.startswith("@@ "):
+                    if not headers:
+                        start = index
+                    headers += 1
+                    if line[3:].strip():
+                        anchors.append(line[3:])
+                    continue
+                if is_eof:
+                    continue
+            _reject_line(lines, index, line_offset, path, headers=headers, hunks=len(hunks))
+            break
+    else:
+        if context or chunk_start >= 0:
+            if chunk_start >= 0:
+                chunks.append(Chunk(chunk_start, tuple(dels), tuple(ins)))
+            number = line_offset + start + 1
+            hunks.append(
+                Hunk(tuple(anchors), headers, tuple(context), tuple(chunks), False, number)
             )
-        i += 1
-    if chunk_start >= 0:
-        chunks.append(Chunk(chunk_start, tuple(dels), tuple(ins)))
-    return context, chunks, eof, i
+        elif headers:
+            _reject_line(lines, len(lines), line_offset, path, headers=headers, hunks=len(hunks))
+    return hunks
+
+
+def _reject_line(
+    lines: list[str], index: int, line_offset: int, path: str | None, *, headers: int, hunks: int
+) -> None:
+    """Handle a line that is not a hunk line, where no hunk body is open.
+
+    Returns normally only for an envelope marker (or ``*** End of File``) where a hunk
+    would start, which ends the diff; raises the right parse error otherwise.
+    """
+    line = lines[index] if index < len(lines) else None
+    reason, kind, expected = "Invalid Line", PatchParseError, _BODY_EXPECTED
+    if line is None or ((line == "***" or line.startswith(_STOP_PREFIXES)) and headers):
+        reason, kind, expected = "Nothing in this section", EmptyHunkError, _BODY_AFTER_HEADER
+    elif line.startswith("@"):
+        expected = _HEADER_EXPECTED
+    elif line == "***" and hunks:
+        expected = _NEXT_HUNK_EXPECTED
+    elif line == "***":
+        reason, kind, expected = "Nothing in this section", EmptyHunkError, _HUNK_EXPECTED
+    elif line.startswith(_STOP_PREFIXES):
+        return
+    number = line_offset + index + 1 if line is not None else None
+    raise kind(reason=reason, line_number=number, line=line, expected=expected, path=path)
 
 
 # --------------------------------------------------------------------------- searching
@@ -274,23 +267,26 @@ def _parse_body(
 class _Haystack:
     """The file's lines under one normalization, with the searches the applier needs.
 
-    Searches scan forward with ``list.index``. Scanning is cheapest while hunks are found
-    near the cursor, but a miss costs a scan to the end of the file; once misses have
-    wasted about ``rebuild_factor`` whole-file scans, a line -> positions index is built so
-    the remaining searches are O(log n) per candidate instead of O(n).
+    Searches scan forward with ``list.index`` (C speed), which is cheapest while hunks are
+    found near the cursor. Misses are what can make patching quadratic, so after the first
+    one a last-occurrence map is built (one C-speed pass) that rejects most later misses
+    without scanning; and if scans keep missing anyway, about ``rebuild_factor`` whole-file
+    scans in, a line -> positions index takes over all searches.
     """
 
-    __slots__ = ("_positions", "_seen", "_seen_upto", "_wasted", "lines", "rebuild_factor")
+    __slots__ = ("_first", "_last", "_positions", "_wasted", "lines", "rebuild_factor")
 
     def __init__(self, lines: list[str], rebuild_factor: int = 4) -> None:
         self.lines = lines
         self.rebuild_factor = rebuild_factor
         self._positions: dict[str, list[int]] | None = None
-        self._seen: set[str] = set()
-        self._seen_upto = 0
+        self._first: dict[str, int] | None = None
+        self._last: dict[str, int] | None = None
         self._wasted = 0
 
     def _missed(self, scanned: int) -> None:
+        if self._last is None:
+            self._last = dict(zip(self.lines, range(len(self.lines)), strict=True))
         self._wasted += max(scanned, 1)
         if self._positions is None and self._wasted > self.rebuild_factor * len(self.lines):
             positions: dict[str, list[int]] = {}
@@ -299,16 +295,29 @@ class _Haystack:
             self._positions = positions
 
     def occurs_before(self, line: str, stop: int) -> bool:
-        """Whether ``line`` is one of ``lines[:stop]`` (amortized O(1) as ``stop`` grows)."""
+        """Whether ``line`` is one of ``lines[:stop]``.
+
+        Short prefixes are scanned; otherwise a first-occurrence map is built once (at C
+        speed), so asking this for every hunk of a long file stays linear overall.
+        """
+        if stop <= 0:
+            return False
         if self._positions is not None:
             found = self._positions.get(line)
             return found is not None and found[0] < stop
-        if stop > self._seen_upto:
-            self._seen.update(self.lines[self._seen_upto : stop])
-            self._seen_upto = stop
-        if stop == self._seen_upto:
-            return line in self._seen
-        return line in self.lines[:stop]
+        if self._last is not None and line not in self._last:
+            return False  # not in the file at all
+        if self._first is None:
+            if stop <= _SHORT_PREFIX:
+                try:
+                    self.lines.index(line, 0, stop)
+                except ValueError:
+                    return False
+                return True
+            lines = self.lines
+            self._first = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1), strict=True))
+        first = self._first.get(line)
+        return first is not None and first < stop
 
     def find_line(self, line: str, start: int, end: int | None = None) -> int:
         """Index of the first ``line`` in ``lines[start:end]``, or -1."""
@@ -319,6 +328,8 @@ class _Haystack:
                 return -1
             k = bisect_left(found, start)
             return found[k] if k < len(found) and found[k] < stop else -1
+        if self._last is not None and self._last.get(line, -1) < start:
+            return -1
         try:
             return self.lines.index(line, start, stop)
         except ValueError:
@@ -341,7 +352,13 @@ class _Haystack:
             return self.find_line(needle[0], start, stop)
         if self._positions is not None:
             return self._find_indexed(needle, start, stop)
-        pivot = max(range(size), key=lambda k: len(needle[k]))
+        last = self._last
+        if last is not None:
+            for offset, line in enumerate(needle):
+                if last.get(line, -1) < start + offset:
+                    return -1
+        lengths = list(map(len, needle))
+        pivot = lengths.index(max(lengths))
         key = needle[pivot]
         probe_stop = stop - size + pivot + 1
         probe = start + pivot
@@ -393,13 +410,13 @@ class _File:
     @property
     def rstripped(self) -> _Haystack:
         if self._rstripped is None:
-            self._rstripped = _Haystack([line.rstrip() for line in self.lines])
+            self._rstripped = _Haystack(list(map(str.rstrip, self.lines)))
         return self._rstripped
 
     @property
     def stripped(self) -> _Haystack:
         if self._stripped is None:
-            self._stripped = _Haystack([line.strip() for line in self.lines])
+            self._stripped = _Haystack(list(map(str.strip, self.lines)))
         return self._stripped
 
     @property
@@ -429,18 +446,26 @@ class _File:
 # --------------------------------------------------------------------------- near misses
 
 
+# How many lines around the cursor are compared character by character for a hint.
+_HINT_WINDOW_BEFORE = 1_000
+_HINT_WINDOW_AFTER = 3_000
+
+
 def _most_similar(lines: list[str], targets: list[str], cursor: int) -> int | None:
-    """Index of the file line most similar to any of ``targets`` (error path only)."""
+    """Index of the file line most similar to any of ``targets`` (error path only).
+
+    Character-level similarity is slow in Python, so only a window of lines around the
+    cursor is compared; that is also where a model's intended line usually is.
+    """
     wanted = [t.strip() for t in targets if t.strip()]
-    if not wanted or not lines:
-        return None
+    low = max(0, cursor - _HINT_WINDOW_BEFORE)
     first_at: dict[str, int] = {}
-    for index, line in enumerate(lines):
-        key = line.strip()
-        if key and (key not in first_at or (first_at[key] < cursor <= index)):
+    for index in range(low, min(len(lines), cursor + _HINT_WINDOW_AFTER)):
+        key = lines[index].strip()
+        if key and (key not in first_at or first_at[key] < cursor <= index):
             first_at[key] = index
     best_key: str | None = None
-    best_ratio = 0.0
+    best_ratio = 0.5  # below this a "hint" is noise
     matcher = difflib.SequenceMatcher(autojunk=False)
     for target in dict.fromkeys(sorted(wanted, key=len, reverse=True)[:3]):
         matcher.set_seq2(target)
@@ -452,9 +477,7 @@ def _most_similar(lines: list[str], targets: list[str], cursor: int) -> int | No
                 and matcher.ratio() > best_ratio
             ):
                 best_ratio, best_key = matcher.ratio(), key
-    if best_key is None or best_ratio < 0.5:
-        return None
-    return first_at[best_key]
+    return None if best_key is None else first_at[best_key]
 
 
 def _near_miss(lines: list[str], context: tuple[str, ...], cursor: int) -> tuple[int, int, bool]:
@@ -463,7 +486,9 @@ def _near_miss(lines: list[str], context: tuple[str, ...], cursor: int) -> tuple
     Every file line equal (ignoring surrounding whitespace) to a context line votes for an
     alignment of the whole context. The best-voted alignment is where the model most likely
     meant; the first context line that differs there is the one to fix. Returns
-    ``(file index, context index, found_before_cursor)``; file index -1 if there is no hint.
+    ``(file index, context index, whole context matches there)``; file index -1 if there is
+    no hint. A whole match means the block is before the cursor or, for an end-of-file hunk,
+    runs into the empty element after the final newline.
     """
     stripped_ctx = [line.strip() for line in context]
     wanted = {line for line in stripped_ctx if line}
@@ -486,7 +511,7 @@ def _near_miss(lines: list[str], context: tuple[str, ...], cursor: int) -> tuple
                 if stripped[index] != line:
                     return index, offset, False
         if len(in_range) == len(context):
-            return best, 0, best < cursor
+            return best, 0, True
         if in_range:
             return best + in_range[0], in_range[0], False
     similar = _most_similar(lines, list(context), cursor)
@@ -501,7 +526,7 @@ def _near_miss(lines: list[str], context: tuple[str, ...], cursor: int) -> tuple
 
 
 def _context_error(file: _File, hunk: Hunk, number: int, cursor: int) -> ContextNotFoundError:
-    index, offset, before = _near_miss(file.lines, hunk.context, cursor)
+    index, offset, whole = _near_miss(file.lines, hunk.context, cursor)
     return ContextNotFoundError(
         hunk_index=number,
         cursor=cursor,
@@ -510,7 +535,8 @@ def _context_error(file: _File, hunk: Hunk, number: int, cursor: int) -> Context
         nearest_line=file.lines[index] if index >= 0 else None,
         nearest_line_number=index + 1 if index >= 0 else None,
         expected_line=hunk.context[offset] if index >= 0 and hunk.context else None,
-        found_before_cursor=before,
+        found_before_cursor=whole and index < cursor,
+        found_past_end=whole and index >= cursor,
     )
 
 
@@ -550,6 +576,26 @@ def _seek_anchors(file: _File, hunk: Hunk, cursor: int, number: int) -> tuple[in
                 nearest_line_number=similar + 1 if similar is not None else None,
             )
     return cursor, fuzz
+
+
+def _place_hunk(file: _File, hunk: Hunk, cursor: int, number: int) -> tuple[int, int]:
+    """Where the hunk's context starts: anchors, then context search. Returns (index, fuzz).
+
+    Fast path for the usual hunk with one anchor that lies ahead of the cursor: whether the
+    anchor *also* occurs before the cursor (which would keep the cursor in place) only
+    matters if the context occurs between the cursor and the anchor. If the first exact
+    context match is after the anchor, both readings give that match, and the question
+    need not be asked.
+    """
+    if len(hunk.anchors) == 1 and not hunk.eof:
+        ahead = file.exact.find_line(hunk.anchors[0], cursor)
+        if ahead >= 0:
+            early = file.exact.find(list(hunk.context), cursor)
+            if early > ahead:
+                return early, 0
+    cursor, anchor_fuzz = _seek_anchors(file, hunk, cursor, number)
+    found, fuzz = _find_hunk(file, hunk, cursor, number)
+    return found, anchor_fuzz + fuzz
 
 
 def _find_hunk(file: _File, hunk: Hunk, cursor: int, number: int) -> tuple[int, int]:
@@ -601,23 +647,23 @@ def _splice(lines: list[str], edits: list[tuple[int, Chunk, int]]) -> list[str]:
 def _newline_style(text: str, diff: str, mode: DiffMode) -> str:
     """CRLF if the file (or, for create/no-newline files, the diff) uses CRLF (§5b.3 step 1)."""
     source = text if mode != "create" and "\n" in text else diff
-    return "\r\n" if "\r\n" in source else "\n"
+    # "\r" is found with memchr; looking for "\r\n" in a big LF file is 50x slower.
+    return "\r\n" if "\r" in source and "\r\n" in source else "\n"
 
 
-def apply_diff_detailed(
-    text: str, diff: str, mode: DiffMode = "default", *, max_fuzz: int | None = None
-) -> DiffResult:
-    """Like :func:`apply_diff`, but also report the fuzz score and hunk count."""
-    if mode not in ("default", "create"):
-        message = f"mode must be 'default' or 'create', not {mode!r}"
-        raise ValueError(message)
-    newline = _newline_style(text, diff, mode)
-    if mode == "create":
-        created = parse_create_diff(diff)
-        return DiffResult(text=newline.join(created), fuzz=0, hunks=1 if created else 0)
-    hunks = parse_update_diff(diff)
-    normalized = text.replace("\r\n", "\n") if "\r\n" in text else text
-    file = _File(normalized.split("\n"))
+def _split_file(text: str) -> list[str]:
+    """The file's lines with CRLF normalized to LF (§5b.3 step 2); a final newline leaves ""."""
+    if "\r" not in text:
+        return text.split("\n")
+    lines = text.split("\r\n")  # no 5 ms replace() for the common all-CRLF file
+    if len(lines) - 1 == text.count("\n"):
+        return lines
+    return text.replace("\r\n", "\n").split("\n")
+
+
+def _apply_lines(text: str, hunks: list[Hunk], newline: str, max_fuzz: int | None) -> DiffResult:
+    """The general applier over a list of lines: every rule of §5b.3, with fuzz."""
+    file = _File(_split_file(text))
     cursor = 0
     fuzz = 0
     edits: list[tuple[int, Chunk, int]] = []
@@ -629,14 +675,185 @@ def apply_diff_detailed(
                 line=None,
                 expected=f"an '@@' header before hunk {number}: only the first hunk may omit it",
             )
-        cursor, anchor_fuzz = _seek_anchors(file, hunk, cursor, number)
-        found, context_fuzz = _find_hunk(file, hunk, cursor, number)
-        fuzz += anchor_fuzz + context_fuzz
+        found, hunk_fuzz = _place_hunk(file, hunk, cursor, number)
+        fuzz += hunk_fuzz
         if max_fuzz is not None and fuzz > max_fuzz:
             raise FuzzLimitError(fuzz=fuzz, max_fuzz=max_fuzz, hunk_index=number)
         cursor = found + len(hunk.context)
         edits.extend((found + chunk.orig_index, chunk, number) for chunk in hunk.chunks)
     return DiffResult(text=newline.join(_splice(file.lines, edits)), fuzz=fuzz, hunks=len(hunks))
+
+
+def _uniform_separator(text: str) -> str | None:
+    """``"\n"`` or ``"\r\n"`` if every line break in ``text`` is that one, else None."""
+    if "\n" not in text:
+        return None  # the newline style would come from the diff
+    if "\r" not in text:
+        return "\n"
+    return "\r\n" if text.count("\n") == text.count("\r\n") else None
+
+
+def _find_block(text: str, core: str, sep: str, start: int) -> int:
+    """Offset of the first whole-line occurrence of ``core`` at or after line offset ``start``.
+
+    ``core`` is lines joined by ``sep``; a match must begin at a line start and end at a
+    line end. Returns -1 if there is none.
+    """
+    size = len(core)
+    end = len(text)
+    if text.startswith(core, start) and (start + size == end or text.startswith(sep, start + size)):
+        return start
+    found = text.find(sep + core + sep, start)
+    if found >= 0:
+        return found + len(sep)
+    tail = end - size
+    if tail - len(sep) >= start and text.endswith(core) and text.startswith(sep, tail - len(sep)):
+        return tail
+    return -1
+
+
+def _occurs_before(text: str, core: str, sep: str, stop: int) -> bool:
+    """Whether a whole line equal to ``core`` starts before offset ``stop``."""
+    width = len(sep)
+    if text.startswith(core) and (len(core) == len(text) or text.startswith(sep, len(core))):
+        return stop > 0
+    needle = sep + core + sep
+    if text.find(needle, 0, stop - width - 1 + len(needle)) >= 0:
+        return True
+    tail = len(text) - len(core)
+    return 0 < tail < stop and text.endswith(core) and text.startswith(sep, tail - width)
+
+
+def _line_between(text: str, core: str, sep: str, low: int, high: int) -> bool:
+    """Whether a whole line equal to ``core`` starts in ``[low, high)`` (line offsets).
+
+    Searches backwards from ``high``: an anchor usually sits just above its context, so
+    this stops after a few lines instead of scanning forward from the cursor.
+    """
+    if high <= low:
+        return False
+    width = len(sep)
+    if low == 0 and text.startswith(core) and text.startswith(sep, len(core)):
+        return True
+    needle = sep + core + sep
+    return text.rfind(needle, max(low - width, 0), high - width - 1 + len(needle)) >= 0
+
+
+def _eof_block(text: str, core: str, sep: str, lines: int) -> int:
+    """Offset where the last ``lines`` real lines start if they equal ``core``, else -1.
+
+    The "" element left by a final newline is not a real line.
+    """
+    width = len(sep)
+    real_end = len(text) - width if text.endswith(sep) else len(text)
+    if lines == 0:
+        return real_end + width
+    start = real_end - len(core)
+    if start < 0 or text[start:real_end] != core:
+        return -1
+    return start if start == 0 or text.startswith(sep, start - width) else -1
+
+
+class _Budget:
+    """Caps how much text the fast path rescans, so it stays linear; over budget -> give up."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, chars: int) -> None:
+        self.left = chars
+
+    def spend(self, chars: int) -> bool:
+        self.left -= chars
+        return self.left >= 0
+
+
+def _joined_position(text: str, hunk: Hunk, sep: str, cursor: int, budget: _Budget) -> int:
+    """Offset of the hunk's context under exact matching, or -1 to defer to the line path."""
+    context = sep.join(hunk.context)
+    if hunk.eof:
+        # Anchors only matter if the end does not match; they could add fuzz or fail.
+        return -1 if hunk.anchors else _eof_block(text, context, sep, len(hunk.context))
+    found = _find_block(text, context, sep, cursor) if hunk.context else cursor
+    if found < 0 or not hunk.anchors:
+        return found
+    anchor = hunk.anchors[0]
+    if _line_between(text, anchor, sep, cursor, found):
+        return found  # same answer whether or not the anchor also occurs before the cursor
+    if not budget.spend(cursor):  # the only scan here that is not amortized by the cursor
+        return -1
+    if _occurs_before(text, anchor, sep, cursor):
+        return found  # the anchor counts as found before the cursor, which stays put
+    anchor_at = _find_block(text, anchor, sep, found)  # none in [cursor, found), see above
+    if anchor_at < 0:
+        return -1  # whitespace-insensitive anchor search: the line path's job
+    after = anchor_at + len(anchor) + len(sep)
+    return _find_block(text, context, sep, after) if hunk.context else after
+
+
+def _apply_joined(text: str, hunks: list[Hunk], sep: str) -> str | None:
+    """Exact-match fast path working on the text itself, without splitting it into lines.
+
+    Splitting a big file into a list is the largest fixed cost of the general path, and
+    most patches match exactly. Here each hunk is found with ``str.find`` on its joined
+    context, positions are character offsets of line starts, and the result is assembled
+    from slices. Anything beyond exact matching (fuzz, stacked anchors, an end-of-file hunk
+    not at the end, overlaps, errors) returns None, and the caller uses
+    :func:`_apply_lines`, which gives identical results on everything this path accepts.
+    """
+    width = len(sep)
+    past_end = len(text) + width  # offset of the line after the last one
+    budget = _Budget(4 * len(text))
+    runs: list[str] = []  # runs of whole lines, to be joined with sep
+    copied = 0  # offset of the first line not yet copied or deleted
+    cursor = 0
+    for hunk in hunks:
+        if len(hunk.anchors) > 1 or (hunk.header_count == 0 and cursor != 0):
+            return None
+        found = _joined_position(text, hunk, sep, cursor, budget)
+        if found < 0:
+            return None
+        context = hunk.context
+        position, consumed = found, 0
+        for chunk in hunk.chunks:
+            position += sum(map(len, context[consumed : chunk.orig_index]))
+            position += width * (chunk.orig_index - consumed)
+            consumed = chunk.orig_index
+            if position < copied:
+                return None
+            if position > copied:
+                runs.append(text[copied : position - width])
+            if chunk.ins_lines:
+                runs.append(sep.join(chunk.ins_lines))
+            removed = len(chunk.del_lines)
+            copied = position + sum(map(len, chunk.del_lines)) + width * removed
+            position, consumed = copied, consumed + removed
+        cursor = found + sum(map(len, context)) + width * len(context)
+    if copied < past_end:
+        runs.append(text[copied:])
+    return sep.join(runs)
+
+
+def apply_diff_detailed(
+    text: str, diff: str, mode: DiffMode = "default", *, max_fuzz: int | None = None
+) -> DiffResult:
+    """Like :func:`apply_diff`, but also report the fuzz score and hunk count."""
+    if mode not in ("default", "create"):
+        message = f"mode must be 'default' or 'create', not {mode!r}"
+        raise ValueError(message)
+    if max_fuzz is not None and max_fuzz < 0:
+        message = f"max_fuzz must be >= 0, not {max_fuzz}"
+        raise ValueError(message)
+    newline = _newline_style(text, diff, mode)
+    if mode == "create":
+        created = parse_create_diff(diff)
+        return DiffResult(text=newline.join(created), fuzz=0, hunks=1 if created else 0)
+    hunks = parse_update_diff(diff)
+    sep = _uniform_separator(text)
+    if sep is not None:
+        joined = _apply_joined(text, hunks, sep)
+        if joined is not None:
+            return DiffResult(text=joined, fuzz=0, hunks=len(hunks))
+    return _apply_lines(text, hunks, newline, max_fuzz)
 
 
 def apply_diff(
@@ -681,6 +898,96 @@ def _shortest_unique_start(haystack: _Haystack, cursor: int, lo: int, hi: int) -
     return good
 
 
+# Gaps with no unique lines are diffed with difflib only up to this many line pairs;
+# bigger ones are emitted as one replacement (still correct, just not minimal).
+_SMALL_GAP = 250_000
+
+
+def _unique_anchors(
+    a: list[str], b: list[str], span: tuple[int, int, int, int]
+) -> list[tuple[int, int]]:
+    """Patience-diff anchors: lines unique in both ranges, longest order-preserving subset."""
+    alo, ahi, blo, bhi = span
+    count_a = Counter(a[alo:ahi])
+    count_b = Counter(b[blo:bhi])
+    where_b = {b[j]: j for j in range(blo, bhi) if count_b[b[j]] == 1 and count_a[b[j]] == 1}
+    seq = [(i, where_b[a[i]]) for i in range(alo, ahi) if a[i] in where_b]
+    tails: list[int] = []  # smallest b index ending an increasing run of each length
+    tail_at: list[int] = []  # position in seq of that element
+    previous: list[int] = []
+    for k, (_, j) in enumerate(seq):
+        length = bisect_left(tails, j)
+        if length == len(tails):
+            tails.append(j)
+            tail_at.append(k)
+        else:
+            tails[length] = j
+            tail_at[length] = k
+        previous.append(tail_at[length - 1] if length else -1)
+    out: list[tuple[int, int]] = []
+    k = tail_at[-1] if tail_at else -1
+    while k >= 0:
+        out.append(seq[k])
+        k = previous[k]
+    out.reverse()
+    return out
+
+
+def _matching_pairs(a: list[str], b: list[str]) -> list[tuple[int, int]]:
+    """Pairs (i, j) with ``a[i] == b[j]``, increasing in both, forming a good line diff.
+
+    Patience diff: match common prefixes and suffixes, then lines that are unique on both
+    sides, and recurse into the gaps; gaps without unique lines fall back to difflib. This
+    is near-linear for big files, where difflib alone is quadratic.
+    """
+    pairs: list[tuple[int, int]] = []
+    stack = [(0, len(a), 0, len(b))]
+    while stack:
+        alo, ahi, blo, bhi = stack.pop()
+        while alo < ahi and blo < bhi and a[alo] == b[blo]:
+            pairs.append((alo, blo))
+            alo, blo = alo + 1, blo + 1
+        while alo < ahi and blo < bhi and a[ahi - 1] == b[bhi - 1]:
+            ahi, bhi = ahi - 1, bhi - 1
+            pairs.append((ahi, bhi))
+        if alo == ahi or blo == bhi:
+            continue
+        anchors = _unique_anchors(a, b, (alo, ahi, blo, bhi))
+        if anchors:
+            for i, j in anchors:
+                pairs.append((i, j))
+                stack.append((alo, i, blo, j))
+                alo, blo = i + 1, j + 1
+            stack.append((alo, ahi, blo, bhi))
+        elif (ahi - alo) * (bhi - blo) <= _SMALL_GAP:
+            matcher = difflib.SequenceMatcher(None, a[alo:ahi], b[blo:bhi], autojunk=False)
+            for block in matcher.get_matching_blocks():
+                pairs.extend((alo + block.a + k, blo + block.b + k) for k in range(block.size))
+    pairs.sort()
+    return pairs
+
+
+def _change_groups(
+    a: list[str], b: list[str], context: int
+) -> list[list[tuple[int, int, int, int]]]:
+    """Changed blocks ``(i1, i2, j1, j2)``, grouped so that each group becomes one hunk.
+
+    Blocks separated by at most ``2 * context`` unchanged lines share a hunk, as in
+    unified diffs, so no two hunks' context overlaps.
+    """
+    groups: list[list[tuple[int, int, int, int]]] = []
+    i0 = j0 = 0
+    for i, j in [*_matching_pairs(a, b), (len(a), len(b))]:
+        if i > i0 or j > j0:
+            block = (i0, i, j0, j)
+            if groups and i0 - groups[-1][-1][1] <= 2 * context:
+                groups[-1].append(block)
+            else:
+                groups.append([block])
+        i0, j0 = i + 1, j + 1
+    return groups
+
+
 def make_diff(old: str, new: str, context: int = 3) -> str:
     """Generate a V4A update diff that turns ``old`` into ``new`` under :func:`apply_diff`.
 
@@ -709,21 +1016,21 @@ def make_diff(old: str, new: str, context: int = 3) -> str:
         raise ValueError(message)
     if before == after:
         return ""
-    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
     haystack = _Haystack(before)
     out: list[str] = []
     cursor = 0
-    for group in matcher.get_grouped_opcodes(context):
-        lo, hi = group[0][1], group[-1][2]
+    for group in _change_groups(before, after, context):
+        lo = max(group[0][0] - context, cursor)
+        hi = min(group[-1][1] + context, len(before))
         start = _shortest_unique_start(haystack, cursor, lo, hi)
         out.append("@@")
-        out.extend(" " + line for line in before[start:lo])
-        for tag, i1, i2, j1, j2 in group:
-            if tag == "equal":
-                out.extend(" " + line for line in before[i1:i2])
-                continue
+        done = start
+        for i1, i2, j1, j2 in group:
+            out.extend(" " + line for line in before[done:i1])
             out.extend("-" + line for line in before[i1:i2])
             out.extend("+" + line for line in after[j1:j2])
+            done = i2
+        out.extend(" " + line for line in before[done:hi])
         cursor = hi
     if any(line.endswith("\r") for line in out):
         message = "make_diff cannot express a line that ends with a carriage return"

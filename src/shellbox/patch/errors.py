@@ -31,7 +31,7 @@ def _quote(line: str) -> str:
 
 def _near_miss_sentence(nearest_line: str | None, nearest_line_number: int | None) -> str:
     if nearest_line is None or nearest_line_number is None:
-        return "No similar line was found in the file."
+        return "No similar line was found near there."
     return f"Nearest almost-matching line is line {nearest_line_number}: {_quote(nearest_line)}"
 
 
@@ -105,7 +105,9 @@ class ContextNotFoundError(PatchApplyError):
     ``nearest_line``/``nearest_line_number`` describe the closest near miss (1-based), and
     ``expected_line`` the context line it was compared against. ``found_before_cursor`` is set
     when the whole context does exist, but earlier than where the previous hunk ended,
-    which almost always means the hunks are out of order.
+    which almost always means the hunks are out of order; ``found_past_end`` when an
+    ``*** End of File`` hunk's context only matches if it includes the empty element after
+    the file's final newline.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class ContextNotFoundError(PatchApplyError):
         nearest_line_number: int | None,
         expected_line: str | None,
         found_before_cursor: bool = False,
+        found_past_end: bool = False,
     ) -> None:
         self.cursor = cursor
         self.context = context
@@ -127,19 +130,27 @@ class ContextNotFoundError(PatchApplyError):
         self.nearest_line_number = nearest_line_number
         self.expected_line = expected_line
         self.found_before_cursor = found_before_cursor
+        self.found_past_end = found_past_end
         kind = "Invalid EOF Context" if eof else "Invalid Context"
         lines = [f"{kind} {cursor}:", *context]
         count = len(context)
-        noun = "line" if count == 1 else "lines"
-        where = "at the end of the file" if eof else f"at or after line {cursor + 1}"
-        lines.append(
-            f"Hunk {hunk_index}: its {count} context {noun} (space and '-' lines) "
-            f"were not found {where}."
-        )
+        what = "context line was" if count == 1 else f"{count} context lines were"
+        where = f"at or after line {cursor + 1}"
+        if eof:
+            where = f"at the end of the file (nor {where})"
+        lines.append(f"Hunk {hunk_index}: its {what} not found {where}.")
+        lines.append("(Context lines are the ' ' and '-' lines; all must match the file.)")
         if found_before_cursor and nearest_line_number is not None:
             lines.append(
-                f"They do appear at line {nearest_line_number}, which is before the end of "
-                f"the previous hunk (line {cursor}). Hunks must be in file order."
+                f"They do appear at line {nearest_line_number}, which is before line "
+                f"{cursor + 1}, where the search started (after the previous hunk and this "
+                "hunk's '@@' anchors). Hunks and anchors must be in file order."
+            )
+        elif found_past_end and nearest_line_number is not None:
+            lines.append(
+                f"They do appear at line {nearest_line_number}, but reach past the last line: "
+                "the empty line after a final newline is not a line an end-of-file hunk can "
+                "match. Drop the trailing blank context line."
             )
         else:
             lines.append(_near_miss_sentence(nearest_line, nearest_line_number))

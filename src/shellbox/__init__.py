@@ -1,4 +1,5 @@
 """shellbox: a self-hosted, OpenAI-compatible hosted shell."""
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -33,12 +33,37 @@ MIRRORS = (
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
 BASE_PACKAGES = (
-    "bash", "coreutils", "python3", "python3-pip", "python3-venv", "ca-certificates", "curl",
-    "git", "procps", "less", "jq", "zip", "unzip", "file", "findutils", "grep", "sed",
-    "tar", "gzip", "xz-utils", "bzip2", "iproute2", "netbase",
+    "bash",
+    "coreutils",
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "ca-certificates",
+    "curl",
+    "git",
+    "procps",
+    "less",
+    "jq",
+    "zip",
+    "unzip",
+    "file",
+    "findutils",
+    "grep",
+    "sed",
+    "tar",
+    "gzip",
+    "xz-utils",
+    "bzip2",
+    "iproute2",
+    "netbase",
 )
 FULL_PACKAGES = (
-    "nodejs", "npm", "openjdk-17-jdk-headless", "php8.2-cli", "ruby", "golang-go",
+    "nodejs",
+    "npm",
+    "openjdk-17-jdk-headless",
+    "php8.2-cli",
+    "ruby",
+    "golang-go",
     "build-essential",
 )
 PROFILES: dict[str, tuple[str, ...]] = {
@@ -124,13 +149,22 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
     # private mount namespace those mounts die with it, even when the build is killed, so
     # removing the half-built tree can never reach the host's /dev through them.
     cmd = [
-        "unshare", "--mount", "--propagation", "private", "--",
-        "mmdebstrap", "--variant=minbase", "--mode=root", "--format=directory",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "mmdebstrap",
+        "--variant=minbase",
+        "--mode=root",
+        "--format=directory",
         f"--include={','.join(PROFILES[profile])}",
         '--aptopt=Acquire::Check-Valid-Until "false"',
         '--aptopt=APT::Install-Recommends "false"',
         *(f"--dpkgopt={e}" for e in EXCLUDES),
-        SUITE, str(rootfs), *MIRRORS,
+        SUITE,
+        str(rootfs),
+        *MIRRORS,
     ]
     log_path = work / "mmdebstrap.log"
     try:
@@ -201,9 +235,20 @@ def remove_build_dir(path: Path) -> None:
 def _finish_rootfs(rootfs: Path) -> None:
     """Add the sandbox user and the mount points the runtime binds."""
     subprocess.run(
-        ["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(SANDBOX_UID),
-         "--user-group", "--shell", "/bin/bash", "user"],
-        check=True, capture_output=True,
+        [
+            "chroot",
+            str(rootfs),
+            "useradd",
+            "--create-home",
+            "--uid",
+            str(SANDBOX_UID),
+            "--user-group",
+            "--shell",
+            "/bin/bash",
+            "user",
+        ],
+        check=True,
+        capture_output=True,
     )
     for d in ("mnt/data", "mnt/skills", "opt/shellbox/agent", "run/shellbox"):
         (rootfs / d).mkdir(parents=True, exist_ok=True)
@@ -287,5 +332,3 @@ class ProgressBar:
         if self._thread is not None:
             self._thread.join()
             self._line()
-
-

@@ -1,0 +1,310 @@
+"""Skills inside containers: the provisioning hook, the index, and collecting unused files.
+
+A container's ``skills`` (``skill_reference`` and ``inline`` entries) become read-only bind
+mounts at ``/mnt/skills/<name>/`` plus ``/mnt/skills/index.json`` listing them. A referenced
+version is unpacked once (at upload) and shared by every container that mounts it; an inline
+skill is unpacked for its container alone and removed with it.
+
+An unpacked version is removed only when both its database row is gone (deleted through the
+API) and no living container (running or sleeping, or being created right now) mounts it:
+deleting a skill never pulls the floor from under a container that uses it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import io
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from sqlalchemy import select, tuple_
+
+from shellbox.errors import InvalidRequest, ShellboxError
+from shellbox.sandbox import Mount
+from shellbox.service.containers import LIVE, ContainerService, CreateContainer, Provisioned
+from shellbox.service.models import ContainerRecord, Principal
+from shellbox.skills.bundle import MAX_DESCRIPTION, check_name, unpack_zip
+from shellbox.skills.models import SkillVersionRecord, parse_version
+from shellbox.skills.paths import remove
+from shellbox.skills.store import skill_versions
+from shellbox.store.tables import containers
+
+if TYPE_CHECKING:
+    from shellbox.skills.service import SkillService
+
+log = logging.getLogger("shellbox.skills")
+MOUNT_ROOT = "/mnt/skills"
+INDEX = f"{MOUNT_ROOT}/index.json"
+
+VersionKey = tuple[str, int]  # (skill id, version number)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    version: SkillVersionRecord
+
+    @property
+    def name(self) -> str:
+        return self.version.name
+
+
+@dataclass(frozen=True)
+class _Inline:
+    name: str
+    description: str
+    data: bytes
+    param: str
+
+
+def _inline(raw: dict[str, Any], param: str, max_bytes: int) -> _Inline:
+    name, description, source = raw.get("name"), raw.get("description"), raw.get("source")
+    if not isinstance(name, str):
+        msg = f"{param}.name is required for an inline skill"
+        raise InvalidRequest(msg, param=f"{param}.name")
+    check_name(name, param=f"{param}.name")
+    if not isinstance(description, str) or not description.strip():
+        msg = f"{param}.description is required for an inline skill"
+        raise InvalidRequest(msg, param=f"{param}.description")
+    if len(description) > MAX_DESCRIPTION:
+        msg = f"{param}.description is longer than {MAX_DESCRIPTION} characters"
+        raise InvalidRequest(msg, param=f"{param}.description")
+    if not isinstance(source, dict):
+        msg = f"{param}.source is required: {{type: 'base64', media_type: 'application/zip', data}}"
+        raise InvalidRequest(msg, param=f"{param}.source")
+    if source.get("type") != "base64":
+        msg = f"{param}.source.type must be 'base64'"
+        raise InvalidRequest(msg, param=f"{param}.source.type")
+    if source.get("media_type") != "application/zip":
+        msg = f"{param}.source.media_type must be 'application/zip'"
+        raise InvalidRequest(msg, param=f"{param}.source.media_type")
+    data = source.get("data")
+    if not isinstance(data, str) or not data:
+        msg = f"{param}.source.data must be the skill's zip, base64-encoded"
+        raise InvalidRequest(msg, param=f"{param}.source.data")
+    if len(data) > (max_bytes // 3 + 1) * 4 + 4:  # before decoding anything
+        msg = f"{param}.source.data is larger than the {max_bytes} bytes a skill may be"
+        raise InvalidRequest(msg, param=f"{param}.source.data")
+    try:
+        blob = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        msg = f"{param}.source.data is not valid base64"
+        raise InvalidRequest(msg, param=f"{param}.source.data") from None
+    return _Inline(name, description.strip(), blob, f"{param}.source.data")
+
+
+class SkillMounts:
+    def __init__(self, service: SkillService, containers_service: ContainerService) -> None:
+        self.service = service
+        self.paths = service.paths
+        self.db = service.db
+        self.caps = service.caps
+        self.max_per_container = service.settings.skills.max_per_container
+        # Versions that containers being created will mount, before their rows say so.
+        self._pending: dict[str, set[VersionKey]] = {}
+        containers_service.provision_hooks.append(self.provision)
+        containers_service.before_start_hooks.append(self.started)
+        containers_service.release_hooks.append(self.release)
+
+    # -- container hooks --------------------------------------------------------------------
+
+    async def provision(
+        self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
+    ) -> None:
+        if not req.skills:
+            return
+        if len(req.skills) > self.max_per_container:
+            msg = f"a container may mount at most {self.max_per_container} skills"
+            raise InvalidRequest(msg, param="skills")
+        plans: list[_Reference | _Inline] = []
+        for i, raw in enumerate(req.skills):
+            param = f"skills[{i}]"
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            if kind == "skill_reference":
+                skill_id = raw.get("skill_id")
+                if not isinstance(skill_id, str) or not skill_id:
+                    msg = f"{param}.skill_id is required for a skill_reference"
+                    raise InvalidRequest(msg, param=f"{param}.skill_id")
+                ref = parse_version(raw.get("version"), param=f"{param}.version")
+                plans.append(
+                    _Reference(self.service.resolve(principal, skill_id, ref, param=param))
+                )
+            elif kind == "inline":
+                plans.append(_inline(raw, param, self.caps.max_bundle_bytes))
+            else:
+                msg = f"{param}.type must be 'skill_reference' or 'inline'"
+                raise InvalidRequest(msg, param=f"{param}.type")
+        seen: set[str] = set()
+        for plan in plans:
+            if plan.name in seen:
+                msg = (
+                    f"two skills in this container are named {plan.name!r}; each is mounted at "
+                    f"{MOUNT_ROOT}/<name>, so their names must differ"
+                )
+                raise InvalidRequest(msg, param="skills")
+            seen.add(plan.name)
+        # No await since the lookups above: a deletion cannot slip in before this is noted.
+        self._pending[cid] = {
+            (p.version.skill_id, p.version.version) for p in plans if isinstance(p, _Reference)
+        }
+        try:
+            entries, mounts = await anyio.to_thread.run_sync(partial(self._lay_out, cid, plans))
+        except BaseException:
+            self._pending.pop(cid, None)
+            await anyio.to_thread.run_sync(remove, self.paths.container_dir(cid))
+            raise
+        prov.skills = entries
+        prov.mounts.extend(mounts)
+
+    def _lay_out(
+        self, cid: str, plans: list[_Reference | _Inline]
+    ) -> tuple[list[dict[str, Any]], list[Mount]]:
+        cdir = self.paths.container_dir(cid)
+        cdir.mkdir()
+        os.chmod(cdir, 0o711)
+        entries: list[dict[str, Any]] = []
+        mounts: list[Mount] = []
+        for plan in plans:
+            path = f"{MOUNT_ROOT}/{plan.name}"
+            if isinstance(plan, _Reference):
+                v = plan.version
+                source = self.paths.files(v.skill_id, v.version)
+                if not source.is_dir():
+                    msg = f"the files of skill {v.skill_id} version {v.version} are missing"
+                    raise ShellboxError(msg)
+                entries.append(
+                    {
+                        "type": "skill_reference",
+                        "name": v.name,
+                        "description": v.description,
+                        "skill_id": v.skill_id,
+                        "version": str(v.version),
+                        "path": path,
+                    }
+                )
+            else:
+                inline_dir = cdir / "inline"
+                inline_dir.mkdir(exist_ok=True)
+                os.chmod(inline_dir, 0o711)
+                source = inline_dir / plan.name
+                unpack_zip(
+                    io.BytesIO(plan.data), len(plan.data), source, self.caps, param=plan.param
+                )
+                entries.append(
+                    {
+                        "type": "inline",
+                        "name": plan.name,
+                        "description": plan.description,
+                        "skill_id": None,
+                        "version": None,
+                        "path": path,
+                    }
+                )
+            mounts.append(Mount(source, path, read_only=True))
+        index = cdir / "index.json"
+        index.write_text(json.dumps(index_document(entries), indent=2) + "\n")
+        os.chmod(index, 0o644)
+        mounts.append(Mount(index, INDEX, read_only=True))
+        return entries, mounts
+
+    async def started(self, record: ContainerRecord) -> None:
+        # The container's row (with its skills) is in the database now; it speaks for them.
+        self._pending.pop(record.id, None)
+
+    async def release(self, record: ContainerRecord) -> None:
+        self._pending.pop(record.id, None)
+        await anyio.to_thread.run_sync(remove, self.paths.container_dir(record.id))
+        await self.collect(_references(record.skills), ending=record.id)
+
+    # -- collecting -------------------------------------------------------------------------
+
+    def _in_use(self, ending: str | None) -> set[VersionKey]:
+        used: set[VersionKey] = set()
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(containers.c.id, containers.c.skills).where(
+                    containers.c.status.in_(LIVE),
+                    containers.c.deleted.is_(False),
+                    containers.c.skills.is_not(None),
+                )
+            ).all()
+        for cid, entries in rows:
+            if cid != ending:
+                used |= _references(entries or [])
+        for cid, keys in self._pending.items():
+            if cid != ending:
+                used |= keys
+        return used
+
+    def _existing(self, keys: set[VersionKey]) -> set[VersionKey]:
+        if not keys:
+            return set()
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(skill_versions.c.skill_id, skill_versions.c.version).where(
+                    tuple_(skill_versions.c.skill_id, skill_versions.c.version).in_(list(keys))
+                )
+            ).all()
+        return {(r.skill_id, r.version) for r in rows}
+
+    async def collect(self, keys: Iterable[VersionKey], *, ending: str | None = None) -> None:
+        """Remove the unpacked files of these versions if no row and no container needs them.
+
+        ``ending``: a container being released, whose row still says it is running."""
+        candidates = set(keys)
+        if not candidates:
+            return
+        doomed = candidates - self._existing(candidates) - self._in_use(ending)
+        for skill_id, number in sorted(doomed):
+            await anyio.to_thread.run_sync(remove, self.paths.version_dir(skill_id, number))
+            with contextlib.suppress(OSError):  # the last version of a deleted skill
+                self.paths.skill_dir(skill_id).rmdir()
+
+    async def collect_all(self) -> None:
+        """At start-up: clear staging, unused versions, and dirs of containers that ended."""
+        paths = self.paths
+        for leftover in list(paths.staging.iterdir()):
+            await anyio.to_thread.run_sync(remove, leftover)
+        keys: set[VersionKey] = set()
+        for skill_dir in list(paths.versions.iterdir()):
+            for vdir in list(skill_dir.iterdir()):
+                if vdir.name.isdigit():
+                    keys.add((skill_dir.name, int(vdir.name)))
+                else:
+                    await anyio.to_thread.run_sync(remove, vdir)
+        await self.collect(keys)
+        for skill_dir in list(paths.versions.iterdir()):
+            with contextlib.suppress(OSError):
+                skill_dir.rmdir()
+        with self.db.connect() as conn:
+            live = set(
+                conn.execute(
+                    select(containers.c.id).where(
+                        containers.c.status.in_(LIVE), containers.c.deleted.is_(False)
+                    )
+                ).scalars()
+            )
+        for cdir in list(paths.containers.iterdir()):
+            if cdir.name not in live:
+                await anyio.to_thread.run_sync(remove, cdir)
+
+
+def index_document(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``GET /v1/containers/{id}/skills`` returns and ``/mnt/skills/index.json`` holds."""
+    return {"object": "list", "data": entries, "has_more": False}
+
+
+def _references(entries: Iterable[dict[str, Any]]) -> set[VersionKey]:
+    keys: set[VersionKey] = set()
+    for e in entries:
+        skill_id, version = e.get("skill_id"), e.get("version")
+        if isinstance(skill_id, str) and isinstance(version, str) and version.isdigit():
+            keys.add((skill_id, int(version)))
+    return keys

@@ -1,0 +1,100 @@
+"""``ResponsesService``: starts runs of the tool loop (resolving the previous response, the
+upstream and the container first, so every client mistake is an HTTP error before a stream
+begins), and keeps the stored responses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shellbox.errors import InvalidRequest
+from shellbox.ids import new_id
+from shellbox.responses.chat_dialect import ChatDialect
+from shellbox.responses.environment import (
+    compose_instructions,
+    environment_note,
+    resolve_container,
+)
+from shellbox.responses.items import check_pairing
+from shellbox.responses.loop import Caps, LoopRequest, Run
+from shellbox.responses.responses_dialect import ResponsesDialect
+from shellbox.responses.store import ResponseStore, StoredResponse
+from shellbox.responses.upstream import UpstreamClient, check_models, resolve_target
+from shellbox.service.models import Principal
+
+if TYPE_CHECKING:
+    from shellbox.services import Services
+
+
+class ResponsesService:
+    def __init__(self, services: Services) -> None:
+        settings = services.settings.upstream
+        check_models(settings)
+        self.settings = settings
+        self.containers = services.containers
+        self.calls = services.calls
+        self.files = services.files
+        self.store = ResponseStore(services.db)
+        self.upstream = UpstreamClient({"chat": ChatDialect(), "responses": ResponsesDialect()})
+        self.caps = Caps(
+            max_iterations=settings.max_iterations,
+            max_sandbox_ns=int(settings.max_sandbox_s * 1e9),
+            max_output_chars=settings.max_tool_output_chars,
+        )
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+    # (Not named ``start``: Services.start() calls every feature's ``start()``.)
+    async def create_run(self, principal: Principal, req: LoopRequest, *, id_prefix: str) -> Run:
+        target = resolve_target(self.settings, req.model)
+        previous: StoredResponse | None = None
+        if req.previous_response_id:
+            previous = self.store.get(
+                principal, req.previous_response_id, param="previous_response_id"
+            )
+        history = [*(previous.conversation if previous else []), *req.input_items]
+        if not req.input_items and previous is None:
+            msg = "input is required"
+            raise InvalidRequest(msg, param="input")
+        check_pairing(history)
+        response_id = new_id(id_prefix)
+        container = await resolve_container(
+            self.containers,
+            principal,
+            req.tools,
+            previous_container=previous.container_id if previous else None,
+            name=response_id,
+        )
+        instructions = compose_instructions(
+            req.instructions, environment_note(req.tools, container)
+        )
+        carried = container.id if container else (previous.container_id if previous else None)
+        return Run(
+            response_id=response_id,
+            principal=principal,
+            request=req,
+            history=history,
+            instructions=instructions,
+            container=container,
+            target=target,
+            upstream=self.upstream,
+            calls=self.calls,
+            files=self.files,
+            caps=self.caps,
+            on_finish=self._saver(principal, history, carried) if req.store else None,
+        )
+
+    def _saver(
+        self, principal: Principal, history: list[dict[str, Any]], container_id: str | None
+    ) -> Callable[[Run], None]:
+        def save(run: Run) -> None:
+            self.store.save(principal, run.response(), [*history, *run.output], container_id)
+
+        return save
+
+    def get(self, principal: Principal, response_id: str) -> dict[str, Any]:
+        return self.store.get(principal, response_id, param="response_id").body
+
+    def delete(self, principal: Principal, response_id: str) -> None:
+        self.store.delete(principal, response_id)

@@ -1,0 +1,335 @@
+"""``Shellbox``: the blocking client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx
+
+from shellbox.client import wire
+from shellbox.client.errors import InvalidResponseError, status_error, transport_error
+from shellbox.client.types import (
+    ApplyPatchCallOutput,
+    CallDone,
+    EgressRecord,
+    LocalShellCallOutput,
+    MountedSkill,
+    Page,
+    ShellCallOutput,
+    StreamEvent,
+    WorkspaceFile,
+)
+
+if TYPE_CHECKING:
+    import openai
+
+
+class Shellbox:
+    """A client for the shellbox endpoints the ``openai`` SDK does not cover.
+
+    ``base_url`` includes ``/v1`` (default ``$SHELLBOX_BASE_URL``, else
+    ``http://127.0.0.1:8000/v1``); ``api_key`` defaults to ``$SHELLBOX_API_KEY``. Containers,
+    container files and files are the ``openai`` SDK's: use ``client.openai``.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._config = wire.ClientConfig.resolve(base_url, api_key, timeout)
+        self._http = http_client or httpx.Client(timeout=self._config.timeout)
+        self._owns_http = http_client is None
+        self._openai: openai.OpenAI | None = None
+        self.calls = Calls(self)
+        self.egress = Egress(self)
+        self.skills = Skills(self)
+        self.workspace = Workspace(self)
+
+    @property
+    def base_url(self) -> str:
+        return self._config.base_url
+
+    @property
+    def api_key(self) -> str:
+        return self._config.api_key
+
+    @property
+    def openai(self) -> openai.OpenAI:
+        """An ``openai.OpenAI`` for the same server and key (``pip install shellbox[agents]``)."""
+        if self._openai is None:
+            import openai
+
+            self._openai = openai.OpenAI(
+                base_url=self._config.base_url,
+                api_key=self._config.api_key,
+                timeout=self._config.timeout.read,
+            )
+        return self._openai
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+        if self._openai is not None:
+            self._openai.close()
+
+    def __enter__(self) -> Shellbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                self._config.base_url + path,
+                json=json,
+                params=params,
+                content=content,
+                headers={**self._config.headers(), **(headers or {})},
+            )
+        except httpx.TransportError as exc:
+            raise transport_error(exc) from exc
+        if response.is_error:
+            raise status_error(response, response.content)
+        return response
+
+    @contextmanager
+    def _stream(
+        self, method: str, path: str, *, json: Any = None, params: Any = None
+    ) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream(
+                method,
+                self._config.base_url + path,
+                json=json,
+                params=params,
+                headers=self._config.headers(),
+            ) as response:
+                if response.is_error:
+                    raise status_error(response, response.read())
+                yield response
+        except httpx.TransportError as exc:
+            raise transport_error(exc) from exc
+
+
+class ShellCallStream:
+    """The events of one streamed ``shell_call``; iterate it inside its ``with`` block."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.output: ShellCallOutput | None = None
+        self._started = False
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        if self._started:
+            msg = "a call's stream can be iterated once"
+            raise RuntimeError(msg)
+        self._started = True
+        decoder = wire.SSEDecoder()
+        try:
+            for line in self._response.iter_lines():
+                payload = decoder.feed(line)
+                if payload is not None:
+                    yield self._seen(wire.stream_event(payload))
+            payload = decoder.feed("")
+            if payload is not None:
+                yield self._seen(wire.stream_event(payload))
+        except httpx.TransportError as exc:
+            raise transport_error(exc) from exc
+
+    def _seen(self, event: StreamEvent) -> StreamEvent:
+        if isinstance(event, CallDone):
+            self.output = event.item
+        return event
+
+    def until_done(self) -> ShellCallOutput:
+        """The final output item; reads the stream first unless it was iterated already."""
+        if not self._started:
+            for _ in self:
+                pass
+        if self.output is None:
+            msg = "the stream ended before the call's output item arrived"
+            raise InvalidResponseError(msg)
+        return self.output
+
+
+class Calls:
+    """``POST /v1/containers/{id}/calls``: run one tool-call item in a container."""
+
+    def __init__(self, client: Shellbox) -> None:
+        self._client = client
+
+    def create(self, container_id: str, item: Mapping[str, Any]) -> dict[str, Any]:
+        """Run any supported item as a model emitted it; returns the output item as JSON."""
+        path = wire.container_path(container_id, "calls")
+        return cast(dict[str, Any], wire.json_body(self._client._request("POST", path, json=item)))
+
+    def shell(
+        self,
+        container_id: str,
+        commands: Sequence[str],
+        *,
+        timeout_ms: int | None = None,
+        max_output_length: int | None = None,
+        call_id: str | None = None,
+    ) -> ShellCallOutput:
+        """Run ``commands`` in order (each in its own ``bash -c``) in ``/mnt/data``."""
+        item = wire.shell_call_item(
+            commands, timeout_ms=timeout_ms, max_output_length=max_output_length, call_id=call_id
+        )
+        return ShellCallOutput.from_wire(self.create(container_id, item))
+
+    @contextmanager
+    def stream_shell(
+        self,
+        container_id: str,
+        commands: Sequence[str],
+        *,
+        timeout_ms: int | None = None,
+        max_output_length: int | None = None,
+        call_id: str | None = None,
+    ) -> Iterator[ShellCallStream]:
+        """Like ``shell``, but yields output deltas while the commands run."""
+        item = wire.shell_call_item(
+            commands, timeout_ms=timeout_ms, max_output_length=max_output_length, call_id=call_id
+        )
+        path = wire.container_path(container_id, "calls")
+        with self._client._stream("POST", path, json=item, params={"stream": "true"}) as response:
+            yield ShellCallStream(response)
+
+    def local_shell(
+        self,
+        container_id: str,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        working_directory: str | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        call_id: str | None = None,
+    ) -> LocalShellCallOutput:
+        """Run one argv (the legacy ``local_shell_call``); returns the text for the model."""
+        item = wire.local_shell_call_item(
+            command,
+            env=env,
+            working_directory=working_directory,
+            timeout_ms=timeout_ms,
+            user=user,
+            call_id=call_id,
+        )
+        return LocalShellCallOutput.from_wire(self.create(container_id, item))
+
+    def apply_patch(
+        self, container_id: str, operation: Mapping[str, Any], *, call_id: str | None = None
+    ) -> ApplyPatchCallOutput:
+        """Apply one ``create_file`` / ``update_file`` / ``delete_file`` V4A operation."""
+        item = wire.apply_patch_call_item(operation, call_id=call_id)
+        return ApplyPatchCallOutput.from_wire(self.create(container_id, item))
+
+
+class Egress:
+    """``GET /v1/containers/{id}/egress``: the container's egress audit."""
+
+    def __init__(self, client: Shellbox) -> None:
+        self._client = client
+
+    def list(
+        self,
+        container_id: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        order: str | None = None,
+    ) -> Page[EgressRecord]:
+        path = wire.container_path(container_id, "egress")
+        params = wire.list_params(after, limit, order)
+        return wire.page(wire.json_body(self._client._request("GET", path, params=params)))
+
+    def list_all(
+        self, container_id: str, *, limit: int | None = None, order: str | None = None
+    ) -> Iterator[EgressRecord]:
+        """Every record, following the cursor page by page."""
+        after: str | None = None
+        while True:
+            p = self.list(container_id, after=after, limit=limit, order=order)
+            yield from p.data
+            after = wire.next_after(p)
+            if after is None:
+                return
+
+
+class Skills:
+    """``GET /v1/containers/{id}/skills``: the skills mounted in a container."""
+
+    def __init__(self, client: Shellbox) -> None:
+        self._client = client
+
+    def list(self, container_id: str) -> list[MountedSkill]:
+        path = wire.container_path(container_id, "skills")
+        out: list[MountedSkill] = []
+        after: str | None = None
+        while True:
+            params = wire.list_params(after, None, None)
+            p = wire.page(wire.json_body(self._client._request("GET", path, params=params)))
+            out.extend(p.data)
+            after = wire.next_after(p)
+            if after is None:
+                return out
+
+
+class Workspace:
+    """Files and archives of a container's ``/mnt/data``, addressed by path.
+
+    Paths are relative to ``/mnt/data`` or absolute under it; the server refuses ``..`` and
+    symbolic links. Archives are tar streams whose members are relative to ``path``.
+    """
+
+    def __init__(self, client: Shellbox) -> None:
+        self._client = client
+
+    def read(self, container_id: str, path: str, *, max_bytes: int | None = None) -> bytes:
+        params: dict[str, Any] = {"path": path}
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        url = wire.container_path(container_id, "workspace", "file")
+        return self._client._request("GET", url, params=params).content
+
+    def write(self, container_id: str, path: str, data: bytes) -> WorkspaceFile:
+        """Replace (or create, with its parent directories) the file at ``path``."""
+        url = wire.container_path(container_id, "workspace", "file")
+        response = self._client._request("PUT", url, params={"path": path}, content=data)
+        body = wire.json_body(response)
+        return WorkspaceFile(str(body["path"]), int(body["bytes"]))
+
+    def export_archive(
+        self, container_id: str, *, path: str | None = None, exclude: Iterable[str] = ()
+    ) -> bytes:
+        """A tar of ``path`` (default: all of /mnt/data) without the ``exclude`` entries."""
+        url = wire.container_path(container_id, "workspace", "archive")
+        params = wire.workspace_params(path, exclude)
+        return self._client._request("GET", url, params=params).content
+
+    def import_archive(self, container_id: str, data: bytes, *, path: str | None = None) -> None:
+        """Unpack a tar under ``path`` (default /mnt/data); tar runs inside the container."""
+        url = wire.container_path(container_id, "workspace", "archive")
+        params = wire.workspace_params(path)
+        headers = {"content-type": "application/x-tar"}
+        self._client._request("PUT", url, params=params, content=data, headers=headers)

@@ -1,0 +1,436 @@
+"""A sandbox provider for the Agents SDK: ``SandboxAgent`` runs its ``exec_command`` and file
+tools in a shellbox container.
+
+    client = ShellboxSandboxClient(base_url=..., api_key=...)
+    run_config = RunConfig(sandbox=SandboxRunConfig(client=client,
+                                                    options=ShellboxSandboxClientOptions()))
+
+The workspace root is the container's ``/mnt/data``: a manifest that keeps the SDK's default
+root (``/workspace``) is moved there, and other roots must lie under it. Commands run as the
+sandbox user (uid 1000, no sudo) through the calls endpoint; files are read and written, and
+the workspace persisted and hydrated as tar, through the server's workspace endpoints, so
+path checks and archive extraction happen on the server side of the sandbox boundary.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+import shlex
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import openai
+from agents.sandbox.errors import (
+    ExecTimeoutError,
+    ExecTransportError,
+    WorkspaceArchiveReadError,
+    WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError,
+    WorkspaceWriteTypeError,
+)
+from agents.sandbox.manifest import Manifest
+from agents.sandbox.session import SandboxSession, SandboxSessionState
+from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
+from agents.sandbox.session.dependencies import Dependencies
+from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
+from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+from agents.sandbox.types import ExecResult, User
+from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tar_bytes
+from pydantic import Field
+
+from shellbox.client import AsyncShellbox, NotFoundError, ShellboxClientError
+
+log = logging.getLogger("shellbox.integrations.agents")
+
+DATA_ROOT = "/mnt/data"
+SDK_DEFAULT_ROOT = "/workspace"
+# Names the sandbox user answers to; commands always run as uid 1000 (there is no sudo).
+SANDBOX_USERS = frozenset({"user", "1000", "sandbox"})
+# "No timeout" for the SDK; the server clamps it to its own maximum (300 s by default).
+UNBOUNDED_TIMEOUT_MS = 24 * 60 * 60 * 1000
+# The server's default clamp for one stream of one command, in characters.
+EXEC_MAX_OUTPUT_LENGTH = 65_536
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+LIVE_STATUSES = ("running", "sleeping")  # a sleeping container wakes on its next call
+
+MemoryLimit = Literal["1g", "4g", "16g", "64g"]
+
+
+class ShellboxSandboxClientOptions(BaseSandboxClientOptions):
+    """How to create the container of a new sandbox session."""
+
+    type: Literal["shellbox"] = "shellbox"
+    name: str = "agents-sandbox"
+    memory_limit: MemoryLimit | None = None
+    expires_after_minutes: int | None = Field(default=None, ge=1)
+    network_policy: dict[str, Any] | None = None
+    skills: list[dict[str, Any]] | None = None
+    file_ids: list[str] | None = None
+    keep_on_exit: bool = False
+    """Leave the container running when the session shuts down (it sleeps when idle and
+    expires by itself), so ``resume`` can reattach to it instead of hydrating a new one."""
+
+
+class ShellboxSandboxSessionState(SandboxSessionState):
+    """What a resumed session needs: the container to reattach to, and how to recreate it."""
+
+    type: Literal["shellbox"] = "shellbox"
+    container_id: str
+    name: str = "agents-sandbox"
+    memory_limit: MemoryLimit | None = None
+    expires_after_minutes: int | None = None
+    network_policy: dict[str, Any] | None = None
+    skills: list[dict[str, Any]] | None = None
+    file_ids: list[str] | None = None
+    keep_on_exit: bool = False
+
+
+def shellbox_manifest(manifest: Manifest | None) -> Manifest:
+    """The manifest with its root inside ``/mnt/data`` (the SDK default moves there)."""
+    if manifest is None:
+        return Manifest(root=DATA_ROOT)
+    root = PurePosixPath(manifest.root)
+    if str(root) == SDK_DEFAULT_ROOT:
+        return manifest.model_copy(update={"root": DATA_ROOT})
+    if str(root) == DATA_ROOT or PurePosixPath(DATA_ROOT) in root.parents:
+        return manifest
+    msg = (
+        f"manifest.root {manifest.root!r} is outside {DATA_ROOT}; a shellbox workspace is "
+        f"{DATA_ROOT} or a directory under it"
+    )
+    raise ValueError(msg)
+
+
+def _data_relative(path: Path | PurePosixPath) -> str:
+    """``path`` relative to /mnt/data ('' for /mnt/data itself); outside it: ValueError."""
+    rel = PurePosixPath(path.as_posix()).relative_to(DATA_ROOT)
+    return "" if str(rel) == "." else rel.as_posix()
+
+
+def _user_name(user: str | User | None) -> str | None:
+    return user.name if isinstance(user, User) else user
+
+
+class ShellboxSandboxSession(BaseSandboxSession):
+    """One sandbox session backed by one shellbox container."""
+
+    state: ShellboxSandboxSessionState
+
+    def __init__(self, *, state: ShellboxSandboxSessionState, client: AsyncShellbox) -> None:
+        self.state = state
+        self._api = client
+        self._root_ready = state.workspace_root_ready
+
+    @property
+    def container_id(self) -> str:
+        return self.state.container_id
+
+    def _current_runtime_helper_cache_key(self) -> object | None:
+        # Helpers live in the container's /tmp: a new container needs them installed again.
+        return self.state.container_id
+
+    def supports_pty(self) -> bool:
+        # Commands run to completion through the calls endpoint; there is no interactive PTY,
+        # so exec_command runs one-shot and write_stdin is not offered.
+        return False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def _prepare_backend_workspace(self) -> None:
+        root = self._workspace_root_path()
+        if root.as_posix() != DATA_ROOT and not self._root_ready:
+            result = await self._exec_internal("mkdir", "-p", "--", root.as_posix())
+            if not result.ok():
+                raise WorkspaceArchiveWriteError(
+                    path=root,
+                    context={"reason": "root_make_failed", "stderr": result.stderr.decode()},
+                )
+        self._root_ready = True
+
+    def _mark_workspace_root_ready_from_probe(self) -> None:
+        super()._mark_workspace_root_ready_from_probe()
+        self._root_ready = True
+
+    async def running(self) -> bool:
+        try:
+            container = await self._api.openai.containers.retrieve(self.state.container_id)
+        except openai.APIError:
+            return False
+        return container.status in LIVE_STATUSES
+
+    async def _shutdown_backend(self) -> None:
+        if self.state.keep_on_exit:
+            return
+        try:
+            await self._api.openai.containers.delete(self.state.container_id)
+        except openai.NotFoundError:
+            return
+        except openai.APIError as exc:
+            log.warning("could not delete container %s: %s", self.state.container_id, exc)
+
+    # -- exec -------------------------------------------------------------------------------
+
+    async def _exec_internal(
+        self, *command: str | Path, timeout: float | None = None
+    ) -> ExecResult:
+        argv = [str(c) for c in command]
+        if len(argv) >= 4 and argv[0] == "sudo" and argv[1] == "-u" and argv[3] == "--":
+            # SandboxSession.exec adds ``sudo -u USER --`` for run_as users; there is no sudo
+            # in a shellbox container and every command already runs as the sandbox user.
+            user, argv = argv[2], argv[4:]
+            if user not in SANDBOX_USERS:
+                msg = f"shellbox runs commands as the sandbox user only, not as {user!r}\n"
+                return ExecResult(stdout=b"", stderr=msg.encode(), exit_code=1)
+        script = await self._script(argv)
+        timeout_ms = UNBOUNDED_TIMEOUT_MS
+        if timeout is not None:
+            timeout_ms = max(1, math.ceil(timeout * 1000))
+        try:
+            out = await self._api.calls.shell(
+                self.state.container_id,
+                [script],
+                timeout_ms=timeout_ms,
+                max_output_length=EXEC_MAX_OUTPUT_LENGTH,
+            )
+        except ShellboxClientError as exc:
+            raise ExecTransportError(
+                command=command,
+                context={"backend": "shellbox", "detail": str(exc)},
+                cause=exc,
+            ) from exc
+        if not out.output:
+            raise ExecTransportError(
+                command=command, context={"backend": "shellbox", "detail": "no output entry"}
+            )
+        result = out.output[0]
+        if result.timed_out:
+            raise ExecTimeoutError(
+                command=command,
+                timeout_s=timeout,
+                context={"stdout": result.stdout[-2000:], "stderr": result.stderr[-2000:]},
+            )
+        return ExecResult(
+            stdout=result.stdout.encode("utf-8"),
+            stderr=result.stderr.encode("utf-8"),
+            exit_code=result.exit_code if result.exit_code is not None else 0,
+        )
+
+    async def _script(self, argv: list[str]) -> str:
+        """The bash script for one argv: the workspace as cwd, the manifest's environment."""
+        lines = []
+        root = self._workspace_root_path().as_posix()
+        if self._root_ready and root != DATA_ROOT:
+            lines.append(f"cd -- {shlex.quote(root)} || exit 1")
+        env = await self.state.manifest.environment.resolve()
+        for name, value in env.items():
+            if not _ENV_NAME.match(name):
+                msg = f"manifest environment name {name!r} is not a valid variable name"
+                raise ValueError(msg)
+            lines.append(f"export {name}={shlex.quote(value)}")
+        lines.append(shlex.join(argv))
+        return "\n".join(lines)
+
+    # -- files ------------------------------------------------------------------------------
+
+    def _rel(self, path: Path, *, for_write: bool) -> str:
+        try:
+            return _data_relative(path)
+        except ValueError:
+            # Reachable only through an extra path grant: the server serves /mnt/data only.
+            context = {"reason": "outside_data_dir", "data_dir": DATA_ROOT}
+            if for_write:
+                raise WorkspaceArchiveWriteError(path=path, context=context) from None
+            raise WorkspaceArchiveReadError(path=path, context=context) from None
+
+    def _check_user(self, user: str | User | None) -> None:
+        name = _user_name(user)
+        if name is not None and name not in SANDBOX_USERS:
+            msg = f"shellbox reads and writes files as the sandbox user only, not as {name!r}"
+            raise ValueError(msg)
+
+    async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
+        return io.BytesIO(await self._read(path, user=user, max_bytes=None))
+
+    async def _read_bounded(self, path: Path, *, max_bytes: int) -> bytes:
+        return await self._read(path, user=None, max_bytes=max_bytes)
+
+    async def _read(self, path: Path, *, user: str | User | None, max_bytes: int | None) -> bytes:
+        self._check_user(user)
+        workspace_path = await self._validate_path_access(path)
+        rel = self._rel(workspace_path, for_write=False)
+        try:
+            return await self._api.workspace.read(self.state.container_id, rel, max_bytes=max_bytes)
+        except NotFoundError as exc:
+            if exc.code == "file_not_found":
+                raise WorkspaceReadNotFoundError(path=Path(path), cause=exc) from exc
+            raise WorkspaceArchiveReadError(
+                path=Path(path), context={"detail": exc.message}, cause=exc
+            ) from exc
+        except ShellboxClientError as exc:
+            raise WorkspaceArchiveReadError(
+                path=Path(path), context={"detail": str(exc)}, cause=exc
+            ) from exc
+
+    async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
+        self._check_user(user)
+        payload = data.read()
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        if not isinstance(payload, bytes | bytearray):
+            raise WorkspaceWriteTypeError(path=Path(path), actual_type=type(payload).__name__)
+        workspace_path = await self._validate_path_access(path, for_write=True)
+        rel = self._rel(workspace_path, for_write=True)
+        try:
+            await self._api.workspace.write(self.state.container_id, rel, bytes(payload))
+        except ShellboxClientError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=workspace_path, context={"detail": str(exc)}, cause=exc
+            ) from exc
+
+    # -- persistence ------------------------------------------------------------------------
+
+    async def persist_workspace(self) -> io.IOBase:
+        root = self._workspace_root_path()
+        excludes = sorted(p.as_posix() for p in self._persist_workspace_skip_relpaths())
+        try:
+            raw = await self._api.workspace.export_archive(
+                self.state.container_id, path=_data_relative(root) or None, exclude=excludes
+            )
+        except ShellboxClientError as exc:
+            raise WorkspaceArchiveReadError(
+                path=root, context={"detail": str(exc)}, cause=exc
+            ) from exc
+        return io.BytesIO(raw)
+
+    async def hydrate_workspace(self, data: io.IOBase) -> None:
+        root = self._workspace_root_path()
+        raw = data.read()
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        if not isinstance(raw, bytes | bytearray):
+            raise WorkspaceWriteTypeError(path=root, actual_type=type(raw).__name__)
+        try:
+            # The server unpacks inside the container anyway; refusing here gives the caller
+            # the SDK's own error for archives no provider accepts.
+            validate_tar_bytes(bytes(raw), allow_external_symlink_targets=False)
+        except UnsafeTarMemberError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=root,
+                context={"reason": "unsafe_or_invalid_tar", "member": exc.member},
+                cause=exc,
+            ) from exc
+        try:
+            await self._api.workspace.import_archive(
+                self.state.container_id, bytes(raw), path=_data_relative(root) or None
+            )
+        except ShellboxClientError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"detail": str(exc)}, cause=exc
+            ) from exc
+        self._root_ready = True
+
+
+class ShellboxSandboxClient(BaseSandboxClient[ShellboxSandboxClientOptions]):
+    """Creates, resumes and deletes shellbox-backed sandbox sessions."""
+
+    backend_id = "shellbox"
+    supports_default_options = True
+
+    def __init__(
+        self,
+        client: AsyncShellbox | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        instrumentation: Instrumentation | None = None,
+        dependencies: Dependencies | None = None,
+    ) -> None:
+        self.api = client or AsyncShellbox(base_url, api_key)
+        self._instrumentation = instrumentation or Instrumentation()
+        self._dependencies = dependencies
+
+    async def create(
+        self,
+        *,
+        snapshot: SnapshotSpec | SnapshotBase | None = None,
+        manifest: Manifest | None = None,
+        options: ShellboxSandboxClientOptions | None = None,
+    ) -> SandboxSession:
+        options = options or ShellboxSandboxClientOptions()
+        manifest = shellbox_manifest(manifest)
+        self._validate_manifest_for_create(manifest)
+        session_id = uuid.uuid4()
+        state = ShellboxSandboxSessionState(
+            session_id=session_id,
+            manifest=manifest,
+            snapshot=resolve_snapshot(snapshot, str(session_id)),
+            container_id="",
+            name=options.name,
+            memory_limit=options.memory_limit,
+            expires_after_minutes=options.expires_after_minutes,
+            network_policy=options.network_policy,
+            skills=options.skills,
+            file_ids=options.file_ids,
+            keep_on_exit=options.keep_on_exit,
+        )
+        state.container_id = await self._create_container(state)
+        inner = ShellboxSandboxSession(state=state, client=self.api)
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    async def _create_container(self, state: ShellboxSandboxSessionState) -> str:
+        args: dict[str, Any] = {"name": state.name}
+        if state.memory_limit is not None:
+            args["memory_limit"] = state.memory_limit
+        if state.expires_after_minutes is not None:
+            args["expires_after"] = {
+                "anchor": "last_active_at",
+                "minutes": state.expires_after_minutes,
+            }
+        if state.network_policy is not None:
+            args["network_policy"] = state.network_policy
+        if state.skills is not None:
+            args["skills"] = state.skills
+        if state.file_ids is not None:
+            args["file_ids"] = state.file_ids
+        container = await self.api.openai.containers.create(**args)
+        return container.id
+
+    async def delete(self, session: SandboxSession) -> SandboxSession:
+        # The container went away in shutdown(); nothing else is held per session.
+        if not isinstance(session._inner, ShellboxSandboxSession):
+            msg = "ShellboxSandboxClient.delete expects a ShellboxSandboxSession"
+            raise TypeError(msg)
+        return session
+
+    async def resume(self, state: SandboxSessionState) -> SandboxSession:
+        """Reattach to the state's container while it lives; otherwise create a new one whose
+        workspace ``start()`` restores from the state's snapshot."""
+        if not isinstance(state, ShellboxSandboxSessionState):
+            msg = "ShellboxSandboxClient.resume expects a ShellboxSandboxSessionState"
+            raise TypeError(msg)
+        state.assert_path_grants_rebound()
+        reconnected = False
+        if state.container_id:
+            try:
+                container = await self.api.openai.containers.retrieve(state.container_id)
+                reconnected = container.status in LIVE_STATUSES
+            except openai.NotFoundError:
+                reconnected = False
+        if not reconnected:
+            state.container_id = await self._create_container(state)
+            state.workspace_root_ready = False
+        inner = ShellboxSandboxSession(state=state, client=self.api)
+        inner._set_start_state_preserved(reconnected, system=reconnected)
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
+        return self._deserialize_session_state_payload(payload, ShellboxSandboxSessionState)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (sessions' containers are handled by their shutdown)."""
+        await self.api.aclose()

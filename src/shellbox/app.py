@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from shellbox import __version__
+from shellbox.agent.protocol import MAX_REQUEST_BYTES
 from shellbox.api import errors
 from shellbox.api.middleware import RequestContextMiddleware
 from shellbox.api.routes import containers, files
@@ -38,7 +39,9 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(
-        RequestContextMiddleware, max_body_bytes=settings.limits.upload_max_bytes + (1 << 20)
+        RequestContextMiddleware,
+        upload_max_bytes=settings.limits.upload_max_bytes,
+        max_json_bytes=MAX_REQUEST_BYTES,
     )
     app.include_router(containers.router)
     app.include_router(files.router)
@@ -50,3 +53,21 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__})
 
     return app
+
+
+from shellbox.api.routes import workspace as _workspace_routes  # noqa: E402
+
+EXTRA_ROUTERS.append(_workspace_routes.router)
+
+from shellbox.api.routes import skills as _skills_routes  # noqa: E402
+
+EXTRA_ROUTERS.append(_skills_routes.router)
+
+from shellbox.api.routes import egress as _egress_routes  # noqa: E402
+
+EXTRA_ROUTERS.append(_egress_routes.router)
+
+from shellbox.api.routes import messages as _messages_routes  # noqa: E402
+from shellbox.api.routes import responses as _responses_routes  # noqa: E402
+
+EXTRA_ROUTERS += [_responses_routes.router, _messages_routes.router]

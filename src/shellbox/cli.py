@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from shellbox.errors import ShellboxError
 from shellbox.settings import Settings, load_settings
@@ -93,6 +96,27 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _keys_exist(settings: Settings) -> bool:
+    from shellbox.service.keys import KeyService
+    from shellbox.store import create_database
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    db = create_database(settings.database_url())
+    try:
+        return KeyService(db).any_active()
+    finally:
+        db.dispose()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -109,16 +133,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"server": server} if server else {}
     if args.database_url:
         extra["store"] = {"database_url": args.database_url}
+    upstream = {
+        k: v
+        for k, v in (
+            ("base_url", args.upstream_base_url),
+            ("api_key", args.upstream_api_key),
+            ("dialect", args.upstream_dialect),
+        )
+        if v
+    }
+    if upstream:
+        extra["upstream"] = upstream
+    egress: dict[str, Any] = {}
+    if args.egress_allow:
+        egress["allow"] = [p.strip() for a in args.egress_allow for p in a.split(",") if p.strip()]
+    if args.egress_upstream_ca:
+        egress["upstream_ca"] = [Path(p).resolve() for p in args.egress_upstream_ca]
+    if args.egress_hosts_file:
+        egress["hosts_file"] = Path(args.egress_hosts_file).resolve()
+    if egress:
+        extra["egress"] = egress
     settings = _settings(args, **extra)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    services = create_services(settings)  # builds the image first if it is missing
-    if not services.keys.any_active() and settings.server.host not in LOOPBACK:
+    # Checked before anything is built: with no keys every bearer token is accepted, which is
+    # only safe when nothing but this machine can connect.
+    if not is_loopback(settings.server.host) and not _keys_exist(settings):
         print(
             f"shellbox: refusing to listen on {settings.server.host} with no API keys: create "
             "one with `shellbox keys create --project NAME`, or bind 127.0.0.1",
             file=sys.stderr,
         )
         return 2
+    services = create_services(settings)  # builds the image first if it is missing
     app = create_app(settings, services)
     uvicorn.run(
         app,
@@ -214,6 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in state dir)")
+    serve.add_argument("--upstream-base-url", help="OpenAI-compatible model endpoint (.../v1)")
+    serve.add_argument("--upstream-api-key", help="its API key (or SHELLBOX_UPSTREAM__API_KEY)")
+    serve.add_argument(
+        "--upstream-dialect", choices=["chat", "responses"], help="its API (default: chat)"
+    )
+    serve.add_argument(
+        "--egress-allow", action="append", metavar="PATTERN,...",
+        help="organisation allowlist bounding every container's network_policy",
+    )  # fmt: skip
+    serve.add_argument(
+        "--egress-upstream-ca", action="append", metavar="FILE",
+        help="extra CA (PEM) trusted for upstream TLS, besides the system bundle",
+    )  # fmt: skip
+    serve.add_argument(
+        "--egress-hosts-file", metavar="FILE", help="hosts-file overrides for upstream names"
+    )
     serve.set_defaults(func=cmd_serve)
 
     keys = sub.add_parser("keys", help="manage API keys")
@@ -252,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     except ShellboxError as exc:
         print(f"shellbox: error: {exc.message}", file=sys.stderr)
         return 2 if exc.status < 500 else 1
+    except ValidationError as exc:  # settings from flags, environment or the config file
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        print(f"shellbox: error: invalid settings: {problems}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return code

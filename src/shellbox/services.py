@@ -56,7 +56,7 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     db = create_database(settings.database_url())
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
-    keys = KeyService(db)
+    keys = KeyService(db, cache_s=settings.server.auth_cache_s)
     containers = ContainerService(settings, db, runtime)
     files = FileService(settings, db, containers)
     calls = CallService(containers, files, limits)
@@ -79,3 +79,30 @@ def _install_apply_patch(services: Services) -> None:
 
 
 FEATURES.append(_install_apply_patch)
+
+
+def _install_skills(services: Services) -> None:
+    from shellbox.skills import install
+
+    install(services)
+
+
+FEATURES.append(_install_skills)
+
+
+def _install_egress(services: Services) -> None:
+    from shellbox.egress.service import install
+
+    install(services)
+
+
+FEATURES.append(_install_egress)
+
+
+def _install_responses(services: Services) -> None:
+    from shellbox.responses import install
+
+    install(services)
+
+
+FEATURES.append(_install_responses)

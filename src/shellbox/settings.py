@@ -50,11 +50,23 @@ class LifecycleSettings(_Section):
     idle_sleep_s: float = Field(300, gt=0, description="idle seconds before a container sleeps")
     default_expiry_minutes: int = Field(20, ge=1, le=10_080, description="expires_after default")
     reaper_interval_s: float = Field(5, gt=0, description="how often the reaper looks")
+    warm_pool_size: int = Field(
+        2, ge=0, le=64, description="started containers kept ready for fast creation (0: off)"
+    )
+    minute_s: float = Field(
+        60,
+        gt=0,
+        description="seconds in one expires_after minute; lower it only to expire containers "
+        "within seconds in tests (the API's smallest expiry is 1 minute)",
+    )
 
 
 class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind")
+    auth_cache_s: float = Field(
+        1.0, ge=0, description="seconds a valid key is remembered (a revocation's delay)"
+    )
 
 
 class StoreSettings(_Section):
@@ -79,6 +91,20 @@ class EgressSettings(_Section):
     upstream_ca: list[Path] = Field(default_factory=list, description="extra upstream CAs")
     hosts_file: Path | None = Field(None, description="hosts-file overrides for upstreams")
     proxy_port: int = Field(0, ge=0, le=65535, description="proxy port (0: pick one)")
+    enabled: bool = Field(True, description="offer allowlist network policies at all")
+    prestart: bool = Field(
+        False, description="start the proxy at boot (default: with the first allowlist container)"
+    )
+    pool_size: int = Field(4, ge=0, le=256, description="warm network namespaces kept ready")
+    subnet: str = Field("10.200.0.0/16", description="IPv4 range carved into /30s for sandboxes")
+    python: Path | None = Field(
+        None, description="the proxy's Python (mitmproxy 11); default: .venv-egress/bin/python"
+    )
+    intercept: Literal["all", "secrets"] = Field(
+        "all",
+        description="decrypt all HTTPS (audit per request), or only for hosts with a "
+        "domain_secret ('secrets': other hosts are tunnelled, faster, audited per connection)",
+    )
 
 
 class UpstreamSettings(_Section):
@@ -89,6 +115,28 @@ class UpstreamSettings(_Section):
     models: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="model name -> {base_url, api_key, dialect, model}"
     )
+    # Per-request caps of the server-side tool loop (/v1/responses, /v1/messages).
+    max_iterations: int = Field(
+        24, ge=1, description="model turns per response; past it the response is incomplete"
+    )
+    max_sandbox_s: float = Field(
+        1800, gt=0, description="sandbox seconds (sum over a response's tool calls)"
+    )
+    max_tool_output_chars: int = Field(
+        2_000_000, ge=1, description="characters of tool output one response may feed back"
+    )
+
+
+class SkillSettings(_Section):
+    max_files: int = Field(500, ge=1, description="files in one skill bundle")
+    max_file_bytes: int = Field(25 << 20, ge=1, description="largest file in a bundle, bytes")
+    max_bundle_bytes: int = Field(
+        50 << 20, ge=1, description="largest bundle (upload, and total unpacked), in bytes"
+    )
+    max_expansion_ratio: int = Field(
+        200, ge=2, description="unpacked/packed size past which a zip is refused as a bomb"
+    )
+    max_per_container: int = Field(20, ge=1, description="skills mounted in one container")
 
 
 class Settings(BaseSettings):
@@ -104,6 +152,7 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     egress: EgressSettings = Field(default_factory=EgressSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    skills: SkillSettings = Field(default_factory=SkillSettings)
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"

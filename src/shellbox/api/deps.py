@@ -1,17 +1,22 @@
-"""Dependencies the routes share: the caller's principal, the services, paging params."""
+"""Dependencies the routes share: the caller's principal, the services, paging params.
+
+All are ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread
+hop per dependency per request that costs more than the work they do (the key lookup is a
+short local query or a cache hit, as the store's note explains)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shellbox.service.models import Principal
 from shellbox.services import Services
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -19,11 +24,16 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_principal(
+# Documents the scheme in /openapi.json (the SDK names it bearer_auth); auto_error is off so
+# that a missing or malformed header gets our own 401 envelope.
+bearer_auth = HTTPBearer(auto_error=False, scheme_name="bearer_auth")
+
+
+async def get_principal(
     services: ServicesDep,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_auth)],
 ) -> Principal:
-    return services.keys.authenticate(authorization)
+    return services.keys.authenticate(credentials.credentials if credentials else None)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
@@ -36,7 +46,7 @@ class Paging:
     order: Literal["asc", "desc"]
 
 
-def paging(
+async def paging(
     after: Annotated[str | None, Query(description="id of the previous page's last item")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",

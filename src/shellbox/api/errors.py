@@ -90,7 +90,8 @@ def install(app: FastAPI) -> None:
             message = "This route does not accept that HTTP method"
         else:
             message = str(exc.detail)
-        return envelope(exc.status_code, message, headers=getattr(exc, "headers", None))
+        code = "payload_too_large" if exc.status_code == 413 else None
+        return envelope(exc.status_code, message, code=code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

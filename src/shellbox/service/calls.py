@@ -22,6 +22,15 @@ from shellbox.service.models import ContainerFileRecord, Principal
 from shellbox.service.shell import ShellLimits, shell_call_output_item
 
 MAX_CITED_FILES = 10
+# The clock the kernel stamps file times from (coarse, up to a tick behind time.time_ns()):
+# a file written after a call started has an mtime later than this clock read at the start.
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # 5 on Linux
+
+
+def file_clock_ns() -> int:
+    return time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
+
+
 SANDBOX_USERS = ("user", "1000", "sandbox")
 
 ItemHandler = Callable[[Principal, str, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -85,10 +94,17 @@ class CallService:
     async def shell_call(
         self, principal: Principal, cid: str, item: dict[str, Any]
     ) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        async for event in self.shell_call_events(principal, cid, item):
-            if event["type"] == "response.output_item.done":
-                out = event["item"]
+        """Run a ``shell_call`` and return its output item. Not built on the streamed form:
+        without deltas the agent sends each command's result once, and nothing is made per
+        chunk of output."""
+        request = self.shell_request(item)
+        call_id = self.call_id(item)
+        async with self.containers.activity(principal, cid):
+            started_ns = file_clock_ns()
+            results = await self.containers.runtime.run(cid, request)
+            cited = self.files.changed_since(cid, started_ns)
+        out = shell_call_output_item(call_id, results, request.max_output_length)
+        out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         return out
 
     async def shell_call_events(
@@ -107,7 +123,7 @@ class CallService:
 
         results: list[CommandResult] = []
         async with self.containers.activity(principal, cid):
-            started_ns = time.time_ns()
+            started_ns = file_clock_ns()
             yield event(
                 "response.output_item.added",
                 output_index=0,
@@ -139,11 +155,9 @@ class CallService:
                         command_index=ev.command_index,
                         output=[ev.result.to_wire()],
                     )
-            changed = self.files.sync(cid)
-        fresh = [f for f in changed if f.mtime_ns >= started_ns - 1_000_000]
-        fresh.sort(key=lambda f: f.mtime_ns, reverse=True)
+            cited = self.files.changed_since(cid, started_ns)
         out = shell_call_output_item(call_id, results, request.max_output_length, item_id=item_id)
-        out["files"] = [citation(cid, f) for f in fresh[:MAX_CITED_FILES]]
+        out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         yield event("response.output_item.done", output_index=0, item=out)
 
     # -- local_shell_call -------------------------------------------------------------------
@@ -163,6 +177,10 @@ class CallService:
         ):
             msg = "action.env must be an object of string values"
             raise InvalidRequest(msg, param="action.env")
+        timeout = action.get("timeout_ms")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
+            msg = "action.timeout_ms must be an integer or null"
+            raise InvalidRequest(msg, param="action.timeout_ms")
         user = action.get("user")
         workdir = action.get("working_directory")
         if workdir is not None and not isinstance(workdir, str):
@@ -175,7 +193,7 @@ class CallService:
         else:
             request = self.limits.exec_request(
                 [shlex.join(argv)],
-                action.get("timeout_ms"),
+                timeout,
                 None,
                 param="action.command",
                 env=env,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -16,18 +17,20 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from shellbox.errors import (
     ContainerNotFound,
     ContainerNotRunning,
     InvalidRequest,
     QuotaExceeded,
+    SandboxError,
 )
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, Mount, OciRuntime
-from shellbox.sandbox.base import MEMORY_LIMIT_BYTES
-from shellbox.service.models import ContainerRecord, Principal
+from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
+from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
+from shellbox.service.warm_pool import WarmPool
 from shellbox.settings import Settings
 from shellbox.store import Database
 from shellbox.store.db import Page
@@ -35,6 +38,7 @@ from shellbox.store.tables import containers
 
 log = logging.getLogger("shellbox.containers")
 LIVE = ("running", "sleeping")
+DEFAULT_MEMORY: MemoryLimit = "1g"
 
 
 @dataclass
@@ -78,7 +82,15 @@ class ContainerService:
         self.before_start_hooks: list[StartHook] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
+        # Live containers this server has used, by id: the hot path (every call) checks and
+        # renews them here rather than in the database. Status changes are written through at
+        # once; last_active_at is written behind (``flush_activity``, each reaper round and at
+        # shutdown), so a crash loses at most one reaper interval of it.
+        self._live: dict[str, ContainerRecord] = {}
+        self._dirty: set[str] = set()
+        self._creating: dict[str, list[str]] = {}  # project -> memory limits being created
         self._reaper: asyncio.Task[None] | None = None
+        self.pool = WarmPool(runtime, self.default_spec, settings.lifecycle.warm_pool_size)
         # Set by the file service so file_ids are copied in at creation.
         self.copy_files: Callable[[Principal, str, list[str]], Coroutine[Any, Any, None]] | None
         self.copy_files = None
@@ -100,7 +112,14 @@ class ContainerService:
         if row is None:
             msg = f"No container found with id '{cid}'."
             raise ContainerNotFound(msg, param="container_id")
-        return ContainerRecord.from_row(row._mapping)
+        return self._fresh(ContainerRecord.from_row(row._mapping))
+
+    def _fresh(self, record: ContainerRecord) -> ContainerRecord:
+        """A record read from the database, with the activity not written there yet."""
+        live = self._live.get(record.id)
+        if live is not None and live.last_active_at > record.last_active_at:
+            record.last_active_at = live.last_active_at
+        return record
 
     def list(
         self,
@@ -117,7 +136,7 @@ class ContainerService:
         page: Page = self.db.page(
             containers, where, after=after, limit=limit, order="asc" if order == "asc" else "desc"
         )
-        return [ContainerRecord.from_row(r) for r in page.rows], page.has_more
+        return [self._fresh(ContainerRecord.from_row(r)) for r in page.rows], page.has_more
 
     # -- create / delete --------------------------------------------------------------------
 
@@ -126,11 +145,27 @@ class ContainerService:
             msg = f"memory_limit must be one of {', '.join(MEMORY_LIMIT_BYTES)}"
             raise InvalidRequest(msg, param="memory_limit")
         self._check_quota(principal, req.memory_limit)
+        # Creations under way count against the caps too, or concurrent ones could pass them.
+        pending = self._creating.setdefault(principal.project, [])
+        pending.append(req.memory_limit)
+        try:
+            return await self._create(principal, req)
+        finally:
+            pending.remove(req.memory_limit)
+            if not pending:
+                del self._creating[principal.project]
+
+    async def _create(self, principal: Principal, req: CreateContainer) -> ContainerRecord:
         policy_type = (req.network_policy or {}).get("type", "disabled")
         if policy_type not in ("disabled", "allowlist"):
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
             raise InvalidRequest(msg, param="network_policy.type")
-        cid = new_id("cntr_")
+        # A pooled container fits a request that asks for nothing beyond the default spec;
+        # whether the hooks add something is only known once they ran, under its id.
+        pooled = None
+        if req.memory_limit == DEFAULT_MEMORY and policy_type == "disabled" and not req.skills:
+            pooled = await self.pool.take()
+        cid = pooled or new_id("cntr_")
         prov = Provisioned()
         try:
             for hook in self.provision_hooks:
@@ -171,7 +206,11 @@ class ContainerService:
                 netns_path=prov.netns_path,
                 hosts=prov.hosts,
             )
-            await self.runtime.create(spec)
+            if pooled is not None and spec != self.default_spec(cid):
+                await self.runtime.destroy(cid)  # build this one as asked, under the same id
+                pooled = None
+            if pooled is None:
+                await self.runtime.create(spec)
             with self.db.begin() as conn:
                 conn.execute(
                     insert(containers).values(
@@ -193,11 +232,24 @@ class ContainerService:
                 await self.copy_files(principal, cid, req.file_ids)
             for start_hook in self.before_start_hooks:
                 await start_hook(record)
-            await self.runtime.start(cid)
+            if pooled is None:
+                await self.runtime.start(cid)
         except BaseException:
             await self._discard(cid, prov)
             raise
+        self._live[cid] = dataclasses.replace(record)
         return record
+
+    def default_spec(self, cid: str) -> ContainerSpec:
+        """The spec of a container created with no options (what the warm pool holds)."""
+        rs = self.settings.runtime
+        return ContainerSpec(
+            id=cid,
+            memory_limit=DEFAULT_MEMORY,
+            pids_limit=rs.pids_limit,
+            cpus=rs.cpus,
+            tmp_size_mb=rs.tmp_size_mb,
+        )
 
     async def _discard(self, cid: str, prov: Provisioned) -> None:
         """Undo a creation that failed half-way."""
@@ -233,14 +285,17 @@ class ContainerService:
                 )
                 .group_by(containers.c.memory_limit)
             ).all()
-        count = sum(n for _, n in rows)
+        counts: dict[str, int] = {m: n for m, n in rows}
+        for m in self._creating.get(principal.project, []):
+            counts[m] = counts.get(m, 0) + 1
+        count = sum(counts.values())
         if count >= limits.max_containers_per_project:
             msg = (
                 f"project {principal.project!r} already has {count} live containers, the most "
                 "it may have; delete some or wait for them to expire"
             )
             raise QuotaExceeded(msg)
-        used = sum(MEMORY_LIMIT_BYTES[m] * n for m, n in rows) // (1 << 30)
+        used = sum(MEMORY_LIMIT_BYTES[m] * n for m, n in counts.items()) // (1 << 30)
         want = MEMORY_LIMIT_BYTES[memory_limit] // (1 << 30)
         if used + want > limits.max_memory_gb_per_project:
             msg = (
@@ -255,46 +310,102 @@ class ContainerService:
             await self._end(record, "deleted")
 
     async def _end(self, record: ContainerRecord, status: str) -> None:
-        """Destroy processes and files; mark ``expired`` or ``deleted``."""
-        if record.status in LIVE:
+        """Destroy processes and files; mark ``expired`` or ``deleted`` (an expired container
+        that is then deleted keeps ``expired`` as its last status, hidden)."""
+        was_live = record.status in LIVE
+        new_status: ContainerStatus = record.status
+        if was_live:
+            new_status = "expired" if status == "expired" else "deleted"
+        # Calls in flight (and those waiting for the lock) learn at once why their container
+        # goes away, so they answer 409 rather than a sandbox error.
+        self._forget_live(record.id, new_status)
+        if was_live:
             await self.runtime.destroy(record.id)
             for hook in self.release_hooks:
                 try:
                     await hook(record)
                 except Exception:
                     log.exception("releasing container %s failed", record.id)
-        values: dict[str, Any] = {"status": status if status == "expired" else record.status}
+        values: dict[str, Any] = {"status": new_status}
         if status == "deleted":
-            values = {
-                "deleted": True,
-                "status": "deleted" if record.status in LIVE else record.status,
-            }
+            values["deleted"] = True
         with self.db.begin() as conn:
             conn.execute(update(containers).where(containers.c.id == record.id).values(**values))
-        record.status = values["status"]
+        record.status = new_status
+        self._forget_live(record.id, new_status)  # claimed from the database meanwhile
+        self._dirty.discard(record.id)
+        self._locks.pop(record.id, None)
+
+    def _forget_live(self, cid: str, status: ContainerStatus) -> None:
+        live = self._live.pop(cid, None)
+        if live is not None:
+            live.status = status
 
     # -- activity ---------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def activity(self, principal: Principal, cid: str) -> AsyncIterator[ContainerRecord]:
-        """Use a container: wake it if asleep, keep the reaper off it, renew last_active_at."""
+    def get_live(self, principal: Principal, cid: str) -> ContainerRecord:
+        """The container, if it is running or sleeping (409 once it has expired)."""
         record = self.get(principal, cid)
         if record.status not in LIVE:
             msg = f"container {cid} has {record.status}; create a new one"
             raise ContainerNotRunning(msg, param="container_id")
+        return record
+
+    @contextlib.asynccontextmanager
+    async def activity(
+        self, principal: Principal, cid: str, *, wake: bool = True
+    ) -> AsyncIterator[ContainerRecord]:
+        """Use a container: wake it if asleep (file operations pass ``wake=False``: they only
+        need its disk), keep the reaper off it, renew last_active_at."""
+        record = self._claim(principal, cid)
         self._busy[cid] = self._busy.get(cid, 0) + 1
         try:
-            if record.status == "sleeping":
+            lock = self._locks.get(cid)
+            if lock is not None and lock.locked():
+                async with lock:  # the reaper is putting it to sleep or ending it: wait
+                    pass
+            if record.status not in LIVE:
+                raise self._gone(record)
+            if wake and record.status == "sleeping":
                 await self.wake(record)
-            self.touch(cid)
-            yield record
+            try:
+                yield record
+            except SandboxError:
+                if record.status not in LIVE:  # deleted (or expired) under the running call
+                    raise self._gone(record) from None
+                raise
         finally:
             self._busy[cid] -= 1
             if not self._busy[cid]:
                 del self._busy[cid]
-            self.touch(cid)
+            self._note_activity(record)
+
+    @staticmethod
+    def _gone(record: ContainerRecord) -> ContainerNotRunning:
+        msg = f"container {record.id} has {record.status}; create a new one"
+        return ContainerNotRunning(msg, param="container_id")
+
+    def _claim(self, principal: Principal, cid: str) -> ContainerRecord:
+        """The live container, its activity renewed: from memory on the hot path, from the
+        database (with its 404 or 409) the first time."""
+        record = self._live.get(cid)
+        if record is None or record.project != principal.project:
+            record = self._live.setdefault(cid, self.get_live(principal, cid))
+        self._note_activity(record)
+        return record
+
+    def _note_activity(self, record: ContainerRecord) -> None:
+        now = int(time.time())
+        if now > record.last_active_at:
+            record.last_active_at = now
+            self._dirty.add(record.id)
 
     def touch(self, cid: str) -> None:
+        """Renew last_active_at (file operations: uploads, downloads, deletes)."""
+        live = self._live.get(cid)
+        if live is not None:
+            self._note_activity(live)
+            return
         with self.db.begin() as conn:
             conn.execute(
                 update(containers)
@@ -302,23 +413,40 @@ class ContainerService:
                 .values(last_active_at=int(time.time()))
             )
 
+    def flush_activity(self) -> None:
+        """Write the activity noted in memory to the database."""
+        dirty = [self._live[c] for c in self._dirty if c in self._live]
+        self._dirty.clear()
+        if not dirty:
+            return
+        with self.db.begin() as conn:
+            conn.execute(
+                update(containers)
+                .where(containers.c.id == bindparam("b_id"))
+                .values(last_active_at=bindparam("b_at")),
+                [{"b_id": r.id, "b_at": r.last_active_at} for r in dirty],
+            )
+
     async def wake(self, record: ContainerRecord) -> None:
         async with self._lock(record.id):
-            current = self.get(Principal(record.project), record.id)
-            if current.status == "sleeping":
+            if record.status == "sleeping":  # (another call may have woken it meanwhile)
                 for hook in self.before_start_hooks:
                     await hook(record)
                 await self.runtime.start(record.id)
                 self._set_status(record.id, "running")
             record.status = "running"
 
-    def _set_status(self, cid: str, status: str) -> None:
+    def _set_status(self, cid: str, status: ContainerStatus) -> None:
         with self.db.begin() as conn:
             conn.execute(update(containers).where(containers.c.id == cid).values(status=status))
+        live = self._live.get(cid)
+        if live is not None:
+            live.status = status
 
     # -- background -------------------------------------------------------------------------
 
     async def reap_once(self) -> None:
+        self.flush_activity()
         now = int(time.time())
         lc = self.settings.lifecycle
         with self.db.connect() as conn:
@@ -328,18 +456,22 @@ class ContainerService:
                 )
             ).all()
         for row in rows:
-            record = ContainerRecord.from_row(row._mapping)
-            if record.id in self._busy:
+            record = self._fresh(ContainerRecord.from_row(row._mapping))
+            seen = record.last_active_at
+            idle = now - seen
+            expire = idle >= record.expires_after_minutes * lc.minute_s
+            sleep = record.status == "running" and idle >= lc.idle_sleep_s
+            if record.id in self._busy or not (expire or sleep):
                 continue
-            idle = now - record.last_active_at
             try:
-                if idle >= record.expires_after_minutes * 60:
-                    async with self._lock(record.id):
+                async with self._lock(record.id):
+                    # Checked again under the lock: a call may have started meanwhile (calls
+                    # that start from now on wait for the lock, then see the new status).
+                    if record.id in self._busy or self._fresh(record).last_active_at > seen:
+                        continue
+                    if expire:
                         await self._end(record, "expired")
-                elif record.status == "running" and idle >= lc.idle_sleep_s:
-                    async with self._lock(record.id):
-                        if record.id in self._busy:
-                            continue
+                    else:
                         await self.runtime.stop(record.id)
                         self._set_status(record.id, "sleeping")
             except Exception:
@@ -351,8 +483,11 @@ class ContainerService:
             await self.reap_once()
 
     def start_reaper(self) -> None:
+        """Start the background work: the reaper, and filling the warm pool (after
+        ``recover``, which would take pooled containers for leftovers)."""
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever(), name="shellbox-reaper")
+        self.pool.start()
 
     async def stop_reaper(self) -> None:
         if self._reaper is not None:
@@ -360,6 +495,8 @@ class ContainerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
+        await self.pool.close()
+        self.flush_activity()
 
     async def recover(self) -> None:
         """After a (possibly unclean) restart: adopt or restart every running container, stop

@@ -13,14 +13,15 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from sqlalchemy import delete, insert, select, update
+import anyio
+from sqlalchemy import ColumnElement, delete, insert, or_, select, update
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
 from shellbox.ids import new_id
 from shellbox.sandbox.oci import SANDBOX_UID, host_uid
 from shellbox.service import fs
 from shellbox.service.containers import ContainerService
-from shellbox.service.models import ContainerFileRecord, FileRecord, Principal
+from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
 from shellbox.settings import Settings
 from shellbox.store import Database
 from shellbox.store.tables import container_files, files
@@ -50,6 +51,8 @@ class FileService:
         self.blob_dir = settings.state_dir / "files"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         containers.copy_files = self.copy_into_container
+        containers.release_hooks.append(self.forget)
+        self._known: dict[str, dict[str, ContainerFileRecord]] = {}
 
     # -- Files API --------------------------------------------------------------------------
 
@@ -101,7 +104,9 @@ class FileService:
     def get_file(self, principal: Principal, file_id: str) -> FileRecord:
         with self.db.connect() as conn:
             row = conn.execute(
-                select(files).where(files.c.id == file_id, files.c.project == principal.project)
+                select(files).where(
+                    files.c.id == file_id, files.c.project == principal.project, _unexpired()
+                )
             ).first()
         if row is None:
             msg = f"No file found with id '{file_id}'."
@@ -117,7 +122,7 @@ class FileService:
         order: str,
         purpose: str | None = None,
     ) -> tuple[list[FileRecord], bool]:
-        where = [files.c.project == principal.project]
+        where = [files.c.project == principal.project, _unexpired()]
         if purpose:
             where.append(files.c.purpose == purpose)
         page = self.db.page(
@@ -142,33 +147,61 @@ class FileService:
     ) -> None:
         records = [self.get_file(principal, fid) for fid in file_ids]
         for record in records:
-            self._put(cid, record.filename, _read_blob(self._blob(record.id)))
+            await anyio.to_thread.run_sync(
+                self._write, cid, record.filename, self._blob_chunks(record)
+            )
+            self._index_written(cid, record.filename)
 
-    def upload(
+    async def upload(
         self, principal: Principal, cid: str, filename: str, chunks: Iterator[bytes]
     ) -> ContainerFileRecord:
-        self.containers.get(principal, cid)
+        """Write an uploaded file (its name is the path under /mnt/data) into the container."""
         rel = fs.relative_path(filename, param="file")
-        record = self._put(cid, rel, _capped(chunks, self.settings.limits.upload_max_bytes))
-        self.containers.touch(cid)
-        return record
+        async with self.containers.activity(principal, cid, wake=False):
+            capped = _capped(chunks, self.settings.limits.upload_max_bytes)
+            await anyio.to_thread.run_sync(self._write, cid, rel, capped)
+            return self._index_written(cid, rel)
 
-    def upload_from_file(self, principal: Principal, cid: str, file_id: str) -> ContainerFileRecord:
-        self.containers.get(principal, cid)
-        record = self.get_file(principal, file_id)
-        out = self._put(cid, record.filename, _read_blob(self._blob(record.id)))
-        self.containers.touch(cid)
-        return out
+    async def upload_from_file(
+        self, principal: Principal, cid: str, file_id: str
+    ) -> ContainerFileRecord:
+        async with self.containers.activity(principal, cid, wake=False):
+            record = self.get_file(principal, file_id)
+            await anyio.to_thread.run_sync(
+                self._write, cid, record.filename, self._blob_chunks(record)
+            )
+            return self._index_written(cid, record.filename)
 
-    def _put(self, cid: str, filename: str, chunks: Iterator[bytes]) -> ContainerFileRecord:
+    def _blob_chunks(self, record: FileRecord) -> Iterator[bytes]:
+        return _read_blob(self._blob(record.id))
+
+    def _write(self, cid: str, filename: str, chunks: Iterator[bytes]) -> None:
         rel = fs.relative_path(filename, param="file")
-        root = self.containers.data_dir(cid)
-        fs.write_file(root, rel, chunks, uid=host_uid(SANDBOX_UID))
-        st = fs.stat_file(root, rel)
+        fs.write_file(self.containers.data_dir(cid), rel, chunks, uid=host_uid(SANDBOX_UID))
+
+    def _index_written(self, cid: str, filename: str) -> ContainerFileRecord:
+        rel = fs.relative_path(filename, param="file")
+        st = fs.stat_file(self.containers.data_dir(cid), rel)
         if st is None:  # replaced from inside the sandbox in the meantime
             msg = f"/mnt/data/{rel} changed while it was being written"
             raise InvalidRequest(msg, param="file")
         return self._index(cid, rel, st.st_size, st.st_mtime_ns, source="user", force_source=True)
+
+    def _known_files(self, cid: str) -> dict[str, ContainerFileRecord]:
+        """The index of one container's files by path, read from the database once and then
+        kept in step with it here: every call syncs the index, and comparing a directory scan
+        with memory costs microseconds where re-reading the rows cost a query per call. All
+        writes to ``container_files`` go through this service (a container lives on one host,
+        so on one server)."""
+        known = self._known.get(cid)
+        if known is None:
+            with self.db.connect() as conn:
+                rows = conn.execute(
+                    select(container_files).where(container_files.c.container_id == cid)
+                ).all()
+            known = {r.path: ContainerFileRecord.from_row(r._mapping) for r in rows}
+            self._known[cid] = known
+        return known
 
     def _index(
         self,
@@ -180,63 +213,81 @@ class FileService:
         source: str,
         force_source: bool = False,
     ) -> ContainerFileRecord:
-        now = int(time.time())
-        with self.db.begin() as conn:
-            row = conn.execute(
-                select(container_files).where(
-                    container_files.c.container_id == cid, container_files.c.path == rel
-                )
-            ).first()
-            if row is None:
-                fid = new_id("cfile_")
+        known = self._known_files(cid)
+        old = known.get(rel)
+        if old is None:
+            record = ContainerFileRecord(
+                new_id("cfile_"), cid, rel, size, int(time.time()), source, mtime_ns
+            )
+            with self.db.begin() as conn:
                 conn.execute(
                     insert(container_files).values(
-                        id=fid,
+                        id=record.id,
                         container_id=cid,
                         path=rel,
                         bytes=size,
                         mtime_ns=mtime_ns,
-                        created_at=now,
+                        created_at=record.created_at,
                         source=source,
                     )
                 )
-                return ContainerFileRecord(fid, cid, rel, size, now, source, mtime_ns)
-            values: dict[str, object] = {"bytes": size, "mtime_ns": mtime_ns}
-            if force_source:
-                values["source"] = source
-            conn.execute(
-                update(container_files).where(container_files.c.id == row.id).values(**values)
-            )
-            return ContainerFileRecord(
-                row.id,
+        else:
+            record = ContainerFileRecord(
+                old.id,
                 cid,
                 rel,
                 size,
-                row.created_at,
-                source if force_source else row.source,
+                old.created_at,
+                source if force_source else old.source,
                 mtime_ns,
             )
+            with self.db.begin() as conn:
+                conn.execute(
+                    update(container_files)
+                    .where(container_files.c.id == old.id)
+                    .values(bytes=size, mtime_ns=mtime_ns, source=record.source)
+                )
+        known[rel] = record
+        return record
 
     def sync(self, cid: str) -> list[ContainerFileRecord]:
         """Bring the index in line with the data directory; returns files changed since."""
         entries = {e.path: e for e in fs.scan(self.containers.data_dir(cid))}
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(container_files).where(container_files.c.container_id == cid)
-            ).all()
-        known = {r.path: r for r in rows}
-        gone = [r.id for p, r in known.items() if p not in entries]
+        known = self._known_files(cid)
+        gone = [p for p in known if p not in entries]
         if gone:
             with self.db.begin() as conn:
-                conn.execute(delete(container_files).where(container_files.c.id.in_(gone)))
+                conn.execute(
+                    delete(container_files).where(
+                        container_files.c.id.in_([known[p].id for p in gone])
+                    )
+                )
+            for p in gone:
+                del known[p]
         changed = []
         for path, entry in entries.items():
-            row = known.get(path)
-            if row is None or row.mtime_ns != entry.mtime_ns or row.bytes != entry.size:
+            old = known.get(path)
+            if old is None or old.mtime_ns != entry.mtime_ns or old.bytes != entry.size:
                 changed.append(
                     self._index(cid, path, entry.size, entry.mtime_ns, source="assistant")
                 )
         return changed
+
+    def changed_since(self, cid: str, since_ns: int) -> list[ContainerFileRecord]:
+        """Files under /mnt/data created or changed since ``since_ns`` (file clock), newest
+        first: what this sync finds changed (even with an old mtime, as ``cp -p`` or ``tar x``
+        leave), plus what a concurrent sync already indexed with a later mtime."""
+        found = {f.id: f for f in self.sync(cid)}
+        for f in self._known_files(cid).values():
+            if f.mtime_ns > since_ns:
+                found.setdefault(f.id, f)
+        return sorted(found.values(), key=lambda f: (f.mtime_ns, f.id), reverse=True)
+
+    async def forget(self, record: ContainerRecord) -> None:
+        """A container ended (expired or deleted): its files are gone, and so is their index."""
+        self._known.pop(record.id, None)
+        with self.db.begin() as conn:
+            conn.execute(delete(container_files).where(container_files.c.container_id == record.id))
 
     def list_container_files(
         self, principal: Principal, cid: str, *, after: str | None, limit: int, order: str
@@ -279,7 +330,15 @@ class FileService:
             fs.delete(self.containers.data_dir(cid), record.path)
         with self.db.begin() as conn:
             conn.execute(delete(container_files).where(container_files.c.id == file_id))
+        known = self._known.get(cid)
+        if known is not None:
+            known.pop(record.path, None)
         self.containers.touch(cid)
+
+
+def _unexpired() -> ColumnElement[bool]:
+    """Files past their ``expires_after`` are gone for the API (their rows stay until deleted)."""
+    return or_(files.c.expires_at.is_(None), files.c.expires_at > int(time.time()))
 
 
 def _read_blob(path: Path) -> Iterator[bytes]:

@@ -19,6 +19,7 @@ from shellbox.store.tables import api_keys
 
 KEY_PREFIX = "sk-shellbox-"
 OPEN_PROJECT = "default"  # the project of every caller while no key exists (loopback only)
+MAX_CACHED_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ApiKey:
     revoked_at: int | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ApiKey:
+    def from_row(cls, row: Mapping[Any, Any]) -> ApiKey:
         return cls(row["id"], row["project"], row["prefix"], row["created_at"], row["revoked_at"])
 
 
@@ -39,8 +40,18 @@ def _hash(token: str) -> str:
 
 
 class KeyService:
-    def __init__(self, db: Database) -> None:
+    """Creates, lists, revokes and checks keys.
+
+    Checking a key is on every request's path, so a key found valid is remembered for
+    ``cache_s`` seconds (default 1): a revocation, made by ``shellbox keys revoke`` in another
+    process, takes effect within that time. Unknown keys are never remembered.
+    """
+
+    def __init__(self, db: Database, *, cache_s: float = 1.0) -> None:
         self.db = db
+        self.cache_s = cache_s
+        self._valid: dict[str, tuple[float, Principal]] = {}  # key hash -> (checked at, who)
+        self._open_until = 0.0  # while monotonic() < this, no key exists (open mode)
 
     def create(self, project: str) -> tuple[ApiKey, str]:
         project = project.strip()
@@ -59,6 +70,7 @@ class KeyService:
                     created_at=key.created_at,
                 )
             )
+        self._open_until = 0.0
         return key, token
 
     def list(self) -> list[ApiKey]:
@@ -77,6 +89,7 @@ class KeyService:
                 msg = f"no active key with id {key_id!r}"
                 raise NotFound(msg)
             row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).one()
+        self._valid.clear()
         return ApiKey.from_row(row._mapping)
 
     def any_active(self) -> bool:
@@ -86,19 +99,36 @@ class KeyService:
             ).scalar()
         return bool(n)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's project from an ``Authorization: Bearer <key>`` header."""
-        if not authorization or not authorization.lower().startswith("bearer "):
+    def authenticate(self, token: str | None) -> Principal:
+        """The caller's project from the token of an ``Authorization: Bearer <key>`` header."""
+        token = (token or "").strip()
+        if not token:
             msg = (
                 "missing API key: send it as 'Authorization: Bearer <key>' "
                 "(create one with `shellbox keys create --project NAME`)"
             )
             raise AuthenticationFailed(msg)
-        token = authorization[7:].strip()
+        now = time.monotonic()
+        if now < self._open_until:
+            return Principal(OPEN_PROJECT)
+        digest = _hash(token)
+        hit = self._valid.get(digest)
+        if hit is not None and now - hit[0] < self.cache_s:
+            return hit[1]
+        principal = self._lookup(token, digest)
+        if principal.key_id is not None:
+            if len(self._valid) > MAX_CACHED_KEYS:
+                self._valid.clear()
+            self._valid[digest] = (now, principal)
+        else:
+            self._open_until = now + self.cache_s
+        return principal
+
+    def _lookup(self, token: str, digest: str) -> Principal:
         with self.db.connect() as conn:
             row = conn.execute(
                 select(api_keys.c.id, api_keys.c.project, api_keys.c.revoked_at).where(
-                    api_keys.c.key_hash == _hash(token)
+                    api_keys.c.key_hash == digest
                 )
             ).first()
         if row is not None and row.revoked_at is None:

@@ -32,7 +32,7 @@ class ContainerRecord:
     skills: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ContainerRecord:
+    def from_row(cls, row: Mapping[Any, Any]) -> ContainerRecord:
         return cls(
             id=row["id"],
             project=row["project"],
@@ -59,7 +59,7 @@ class FileRecord:
     expires_at: int | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> FileRecord:
+    def from_row(cls, row: Mapping[Any, Any]) -> FileRecord:
         return cls(
             row["id"],
             row["project"],
@@ -86,7 +86,7 @@ class ContainerFileRecord:
         return f"/mnt/data/{self.path}"
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ContainerFileRecord:
+    def from_row(cls, row: Mapping[Any, Any]) -> ContainerFileRecord:
         return cls(
             row["id"],
             row["container_id"],

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Engine, Table, create_engine, event, select
+from sqlalchemy import URL, Engine, Table, create_engine, event, make_url, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
+from shellbox.errors import InvalidRequest
 from shellbox.store.tables import metadata
 
 Order = Literal["asc", "desc"]
@@ -18,7 +22,7 @@ Order = Literal["asc", "desc"]
 
 @dataclass(frozen=True)
 class Page:
-    rows: list[Mapping[str, Any]]
+    rows: Sequence[Mapping[Any, Any]]
     has_more: bool
 
 
@@ -63,9 +67,39 @@ class Database:
         self.engine.dispose()
 
 
-def create_database(url: str) -> Database:
-    if url.startswith("sqlite"):
-        memory = url in ("sqlite://", "sqlite:///:memory:")
+SQLITE_DRIVERS = ("sqlite", "sqlite+pysqlite")
+POSTGRES_DRIVER = "postgresql+psycopg"
+URL_HELP = "use sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+def check_url(raw: str) -> URL:
+    """Parse a database URL, or say clearly what is wrong with it (``postgresql://`` is taken
+    to mean psycopg 3, the only PostgreSQL driver shellbox ships with)."""
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        msg = f"store.database_url is not a database URL; {URL_HELP}"
+        raise InvalidRequest(msg, param="database_url") from None
+    if url.drivername == "postgresql":
+        url = url.set(drivername=POSTGRES_DRIVER)
+    if url.drivername not in (*SQLITE_DRIVERS, POSTGRES_DRIVER):
+        msg = f"store.database_url: the {url.drivername!r} driver is not supported; {URL_HELP}"
+        raise InvalidRequest(msg, param="database_url")
+    if url.drivername == POSTGRES_DRIVER and importlib.util.find_spec("psycopg") is None:
+        msg = (
+            "store.database_url is a PostgreSQL URL but the psycopg package is missing; "
+            "install it with: pip install 'shellbox[postgres]'"
+        )
+        raise InvalidRequest(msg, param="database_url")
+    return url
+
+
+def create_database(raw_url: str) -> Database:
+    url = check_url(raw_url)
+    if url.drivername in SQLITE_DRIVERS:
+        memory = url.database in (None, "", ":memory:")
+        if not memory:
+            Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
@@ -81,5 +115,10 @@ def create_database(url: str) -> Database:
             cur.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    metadata.create_all(engine)
+    try:
+        metadata.create_all(engine)
+    except OperationalError as exc:
+        engine.dispose()
+        msg = f"cannot open the database at {url.render_as_string(hide_password=True)}: {exc.orig}"
+        raise InvalidRequest(msg, param="database_url") from None
     return Database(engine)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Body, Query
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -84,7 +84,12 @@ async def create_call(
         raise InvalidRequest(msg, param="stream")
     services.calls.shell_request(item)  # validate before the 200 goes out
     services.containers.get(principal, container_id)
-    events = services.calls.shell_call_events(principal, container_id, item)
+    # An async generator (typed as an iterator by the service): closed below when the
+    # client leaves, which tells the agent to kill the running command.
+    events = cast(
+        AsyncGenerator[dict[str, Any], None],
+        services.calls.shell_call_events(principal, container_id, item),
+    )
 
     async def body() -> AsyncIterator[bytes]:
         try:

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request, UploadFile
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
@@ -19,7 +20,7 @@ router = APIRouter(prefix="/v1", tags=["files"])
 CHUNK = 1 << 16
 
 
-def _chunks(upload: UploadFile) -> Iterator[bytes]:
+def _chunks(upload: StarletteUploadFile) -> Iterator[bytes]:
     upload.file.seek(0)
     while data := upload.file.read(CHUNK):
         yield data
@@ -28,6 +29,8 @@ def _chunks(upload: UploadFile) -> Iterator[bytes]:
 async def _form(request: Request) -> Any:
     try:
         return await request.form(max_files=1, max_fields=20)
+    except StarletteHTTPException:
+        raise  # the body size cap's 413
     except Exception as exc:  # malformed multipart bodies are the client's mistake
         msg = f"could not parse the multipart body: {exc}"
         raise InvalidRequest(msg) from None
@@ -134,7 +137,7 @@ async def create_container_file(
         except ValueError:
             msg = 'the JSON body must be {"file_id": "file-..."}'
             raise InvalidRequest(msg, param="file_id") from None
-        record = services.files.upload_from_file(principal, container_id, body.file_id)
+        record = await services.files.upload_from_file(principal, container_id, body.file_id)
         return JSONResponse(schemas.container_file(record))
     if not ctype.startswith("multipart/form-data"):
         msg = "send multipart/form-data with a 'file' part, or JSON {\"file_id\": ...}"
@@ -145,9 +148,7 @@ async def create_container_file(
         msg = "the multipart part 'file' is required (or send JSON {\"file_id\": ...})"
         raise InvalidRequest(msg, param="file")
     filename = upload.filename or ""
-    record = await anyio.to_thread.run_sync(
-        services.files.upload, principal, container_id, filename, _chunks(upload)
-    )
+    record = await services.files.upload(principal, container_id, filename, _chunks(upload))
     return JSONResponse(schemas.container_file(record))
 
 

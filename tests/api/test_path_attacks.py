@@ -1,0 +1,120 @@
+"""No name, path or symlink made by a client or a sandbox lets the server read or write outside
+the container's own tree."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from api_helpers import shell
+
+SHADOW = Path("/etc/shadow")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _data_dir(server: Any, cid: str) -> Path:
+    # The same layout OciRuntime.data_dir gives: <state>/containers/<id>/data.
+    return server.state_dir / "containers" / cid / "data"
+
+
+def test_upload_names_cannot_escape(client: Any, http: httpx.Client, cid: str) -> None:
+    for name in ("../../etc/x", "/etc/passwd", "a/../../b", "..", "/mnt/data/../x", "/"):
+        r = http.post(f"/v1/containers/{cid}/files", files={"file": (name, b"evil")})
+        assert r.status_code == 400, (name, r.text)
+        assert r.json()["error"]["param"] == "file"
+    assert not Path("/etc/x").exists()
+    # /mnt/data/<path> is accepted and lands inside.
+    r = http.post(f"/v1/containers/{cid}/files", files={"file": ("/mnt/data/in/ok.txt", b"ok")})
+    assert r.status_code == 200 and r.json()["path"] == "/mnt/data/in/ok.txt"
+    # The Files API keeps only the base name of whatever it is given.
+    f = client.files.create(file=("../../etc/y", b"y"), purpose="user_data")
+    assert f.filename == "y"
+    cf = client.containers.files.create(cid, file_id=f.id)
+    assert cf.path == "/mnt/data/y"
+    assert not Path("/etc/y").exists()
+
+
+def test_symlink_to_a_host_file(client: Any, http: httpx.Client, server: Any, cid: str) -> None:
+    before = _digest(SHADOW)
+    # A regular file first, so it has an id; then the sandbox swaps it for a symlink.
+    shell(http, cid, "echo harmless > s")
+    sid = next(f.id for f in client.containers.files.list(cid) if f.path == "/mnt/data/s")
+    item = shell(
+        http,
+        cid,
+        "rm s && ln -s /etc/shadow s && ln -s /etc etcdir && ln -s /etc/shadow fresh-link",
+    )
+    assert item["files"] == []  # symlinks are never cited
+    listed = [f.path for f in client.containers.files.list(cid)]  # must not crash
+    assert listed == []
+    r = http.get(f"/v1/containers/{cid}/files/{sid}/content")
+    assert 400 <= r.status_code < 500, r.text
+    assert b"root:" not in r.content
+    # Uploading over the link replaces the link; it never writes through it.
+    r = http.post(f"/v1/containers/{cid}/files", files={"file": ("s", b"overwrite")})
+    assert r.status_code == 200
+    assert _digest(SHADOW) == before
+    out = shell(http, cid, "test -L s && echo link || cat s")
+    assert out["output"][0]["stdout"] == "overwrite"
+    # Through a symlinked directory: refused, nothing written in /etc.
+    r = http.post(f"/v1/containers/{cid}/files", files={"file": ("etcdir/shellbox-x", b"x")})
+    assert 400 <= r.status_code < 500
+    assert not Path("/etc/shellbox-x").exists()
+    assert _digest(SHADOW) == before
+
+
+def test_symlink_into_another_container(client: Any, http: httpx.Client, server: Any) -> None:
+    victim = client.containers.create(name="victim")
+    attacker = client.containers.create(name="attacker")
+    try:
+        client.containers.files.create(victim.id, file=("secret.txt", b"victim secret"))
+        victim_dir = _data_dir(server, victim.id)
+        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+
+        shell(http, attacker.id, "echo decoy > peek.txt")
+        peek = next(f for f in client.containers.files.list(attacker.id))
+        shell(
+            http,
+            attacker.id,
+            f"rm peek.txt && ln -s {victim_dir}/secret.txt peek.txt && ln -s {victim_dir} other",
+        )
+        assert list(client.containers.files.list(attacker.id)) == []
+        r = http.get(f"/v1/containers/{attacker.id}/files/{peek.id}/content")
+        assert 400 <= r.status_code < 500
+        assert b"victim secret" not in r.content
+        with pytest.raises(openai.APIStatusError):
+            client.containers.files.content.retrieve(peek.id, container_id=attacker.id)
+        r = http.post(
+            f"/v1/containers/{attacker.id}/files", files={"file": ("other/planted.txt", b"x")}
+        )
+        assert 400 <= r.status_code < 500
+        r = http.post(
+            f"/v1/containers/{attacker.id}/files", files={"file": ("other/secret.txt", b"x")}
+        )
+        assert 400 <= r.status_code < 500
+        assert sorted(p.name for p in victim_dir.iterdir()) == ["secret.txt"]
+        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+        # A delete through the link does not reach the victim either.
+        r = http.delete(f"/v1/containers/{attacker.id}/files/{peek.id}")
+        assert r.status_code in (200, 404)
+        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+    finally:
+        client.containers.delete(victim.id)
+        client.containers.delete(attacker.id)
+
+
+def test_special_files_and_ids_in_paths(client: Any, http: httpx.Client, cid: str) -> None:
+    shell(http, cid, "mkfifo pipe; ln -s /dev/zero z; echo ok > ok.txt")
+    assert [f.path for f in client.containers.files.list(cid)] == ["/mnt/data/ok.txt"]
+    for bad in ("..", "../../etc", "%2e%2e", "cntr_x/../y"):
+        r = http.get(f"/v1/containers/{cid}/files/{bad}/content")
+        assert r.status_code == 404, (bad, r.text)
+    r = http.get("/v1/containers/..%2f..%2fetc/files")
+    assert r.status_code == 404

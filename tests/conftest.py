@@ -7,6 +7,7 @@ containers' root uid, hence not under pytest's 0700 tmp_path.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,6 +35,9 @@ def state_dir() -> Iterator[Path]:
     path = make_state_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+    # and the runtime's volatile directory for it (OCI state, sockets): /run/shellbox/<key>
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

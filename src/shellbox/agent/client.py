@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from shellbox.sandbox.base import (
 )
 
 STREAM_LIMIT = 64 * 1024 * 1024  # one line can carry two capped streams, JSON-escaped
+READ_SIZE = 256 * 1024
 
 # The agent's error codes, and what each becomes on the host.
 AGENT_CODE_TO_ERROR: dict[str, type[Exception]] = {
@@ -32,17 +34,40 @@ AGENT_CODE_TO_ERROR: dict[str, type[Exception]] = {
 async def _connect(socket_path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     try:
         return await asyncio.open_unix_connection(str(socket_path), limit=STREAM_LIMIT)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         msg = f"the sandbox agent is not reachable at {socket_path}: {exc.strerror}"
         raise AgentUnavailable(msg) from None
 
 
+async def _connect_raw(socket_path: Path) -> socket.socket:
+    """A connected non-blocking socket: cheaper per call than asyncio's streams."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, str(socket_path))
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+        sock.close()
+        msg = f"the sandbox agent is not reachable at {socket_path}: {exc.strerror}"
+        raise AgentUnavailable(msg) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def ping(socket_path: Path) -> dict[str, Any]:
+    """Ask the agent for a sign of life. Raises ``AgentUnavailable`` if it cannot answer.
+
+    The host binds the socket before the agent starts, so right after a start this waits
+    (without polling) until the agent is up and takes the request from the backlog."""
     reader, writer = await _connect(socket_path)
     try:
         writer.write(b'{"op": "ping"}\n')
         await writer.drain()
         line = await reader.readline()
+    except (ConnectionError, OSError) as exc:
+        msg = f"the sandbox agent at {socket_path} failed: {exc}"
+        raise AgentUnavailable(msg) from None
     finally:
         writer.close()
     if not line:
@@ -61,7 +86,7 @@ async def wait_ready(socket_path: Path, timeout_s: float = 10.0) -> None:
         try:
             await ping(socket_path)
             return
-        except (AgentUnavailable, ConnectionError, json.JSONDecodeError):
+        except (AgentUnavailable, OSError, json.JSONDecodeError):
             if loop.time() > deadline:
                 msg = f"the sandbox agent did not start within {timeout_s:.0f} s"
                 raise AgentUnavailable(msg) from None
@@ -101,16 +126,33 @@ async def exec_stream(
         "cwd": request.cwd or protocol.WORKDIR,
         "stream": request.stream,
     }
-    reader, writer = await _connect(socket_path)
+    loop = asyncio.get_running_loop()
+    sock = await _connect_raw(socket_path)
     try:
-        writer.write(json.dumps(payload).encode() + b"\n")
-        await writer.drain()
+        try:
+            await loop.sock_sendall(sock, json.dumps(payload).encode() + b"\n")
+        except OSError as exc:
+            msg = f"the sandbox agent at {socket_path} failed: {exc}"
+            raise AgentUnavailable(msg) from None
+        buf = bytearray()
         while True:
-            line = await reader.readline()
-            if not line:
-                msg = "the sandbox agent closed the connection in the middle of a call"
-                raise AgentUnavailable(msg)
-            msg_obj: dict[str, Any] = json.loads(line)
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > STREAM_LIMIT:
+                    msg = "the sandbox agent sent a line longer than the client accepts"
+                    raise AgentUnavailable(msg)
+                try:
+                    data = await loop.sock_recv(sock, READ_SIZE)
+                except OSError as exc:
+                    msg = f"the sandbox agent at {socket_path} failed: {exc}"
+                    raise AgentUnavailable(msg) from None
+                if not data:
+                    msg = "the sandbox agent closed the connection in the middle of a call"
+                    raise AgentUnavailable(msg)
+                buf += data
+                continue
+            msg_obj: dict[str, Any] = json.loads(buf[:nl])
+            del buf[: nl + 1]
             kind = msg_obj.get("type")
             if kind == "done":
                 return
@@ -121,8 +163,4 @@ async def exec_stream(
             if event is not None:
                 yield event
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except (ConnectionError, BrokenPipeError):
-            pass
+        sock.close()

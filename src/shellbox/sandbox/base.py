@@ -20,6 +20,7 @@ MEMORY_LIMIT_BYTES: dict[str, int] = {
     "64g": 64 << 30,
 }
 SandboxState = Literal["running", "paused", "stopped", "absent"]
+RecoveryAction = Literal["adopted", "restarted", "paused", "failed"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,12 @@ class Runtime(Protocol):
 
     async def list(self) -> list[SandboxInfo]:
         """Every container this runtime's state directory holds."""
+        ...
+
+    async def recover(self) -> dict[str, RecoveryAction]:
+        """After the owning process died: adopt running containers whose agent answers,
+        restart the others from their disk, clean up what destroyed ones left; returns what
+        was done per container id ("adopted", "restarted", "paused" or "failed")."""
         ...
 
     def data_dir(self, container_id: str) -> Path:

@@ -104,12 +104,21 @@ class HostCgroups:
                         raise
                     time.sleep(0.01)
 
+    def memory_usage(self, container_id: str) -> int | None:
+        """Bytes charged to the container's memory cgroup, or None without one."""
+        if self.mode is CgroupMode.v2:
+            path = self.root / PARENT / container_id / "memory.current"
+        else:
+            path = self.root / "memory" / PARENT / container_id / "memory.usage_in_bytes"
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return None
+
     def existing(self) -> set[str]:
         """Ids of containers that have a cgroup on this host."""
-        if self.mode is CgroupMode.v2:
-            parent = self.root / PARENT
-        else:
-            parent = self.root / "memory" / PARENT
+        v2 = self.mode is CgroupMode.v2
+        parent = self.root / PARENT if v2 else self.root / "memory" / PARENT
         if not parent.is_dir():
             return set()
         return {p.name for p in parent.iterdir() if p.is_dir()}

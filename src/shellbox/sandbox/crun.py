@@ -17,25 +17,49 @@ agent.
 The overlay is mounted in a private mount namespace made just for the ``crun run`` call, so
 the mount exists only inside the container and disappears with it: a crash of the server
 can never leave a mount behind on the host. On hybrid cgroup hosts the same namespace
-unmounts ``/sys/fs/cgroup/unified``, without which crun 1.8 refuses to start anything.
+replaces ``/sys/fs/cgroup/unified``, without which crun 1.8 refuses to start anything (see
+``hostns.py``).
+
+Where a start's time goes, and what is done about it (medians on this kind of machine):
+
+* crun compiles the JSON seccomp profile on every start (~25 ms): the filter it compiled for
+  the first container is kept under ``<state>/cache/`` and handed to later ones precompiled
+  (crun's ``run.oci.seccomp_bpf_data`` annotation);
+* the host binds the agent's socket and passes it in as fd 3: the first request is queued
+  in the backlog while the agent starts, so nobody polls for readiness;
+* the agent imports only C modules and its byte code is precompiled (``server.py``);
+* the owning process enters a private mount namespace once (``hostns.py``), so an OCI call
+  is a plain ``vfork``+``exec``, not ``unshare``/``sh``/``mount`` programs (~8 ms) nor a
+  ``fork()`` of a large server process (~2-6 ms).
+
+The process that owns an ``OciRuntime`` can die at any time: containers run detached, and a
+new ``OciRuntime`` on the same state directory finds them (``list``), adopts those whose
+agent answers and restarts the others with their files (``recover``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import py_compile
 import shutil
+import socket
+import sys
+import threading
 from collections.abc import AsyncIterator
+from importlib.util import cache_from_source
 from pathlib import Path
 from typing import Any, Literal
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
 from shellbox.errors import AgentUnavailable, ContainerNotFound, SandboxError
-from shellbox.sandbox import oci
+from shellbox.sandbox import hostns, oci
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -44,6 +68,7 @@ from shellbox.sandbox.base import (
     ExecRequest,
     Mount,
     Outcome,
+    RecoveryAction,
     SandboxInfo,
     SandboxState,
 )
@@ -52,13 +77,7 @@ from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
-# A private mount namespace for one OCI runtime call: drop the v2 mount of a hybrid host, and
-# mount the overlay root when starting. "$@" is the runtime's command line.
-WRAPPER = """set -e
-if [ -n "$SHELLBOX_HYBRID" ]; then umount -l /sys/fs/cgroup/unified 2>/dev/null || true; fi
-if [ -n "$SHELLBOX_OVERLAY" ]; then mount -t overlay overlay -o "$SHELLBOX_OVERLAY" "$SHELLBOX_ROOTFS"; fi
-exec "$@"
-"""
+AGENT_START_TIMEOUT_S = 10.0
 
 
 class OciRuntime:
@@ -81,12 +100,17 @@ class OciRuntime:
             msg = f"{binary} is not installed; run ./scripts/setup.sh"
             raise SandboxError(msg)
         self.cgroups = HostCgroups(detect_mode())
+        # Once per process, while it has no threads: OCI calls then need no namespace set-up.
+        hostns.enter_private_namespace(self.cgroups.mode is CgroupMode.hybrid)
         self.seccomp = oci.load_seccomp() if seccomp else None
         key = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.run_base = RUN_BASE / key
         self.oci_root = self.run_base / binary
         self.containers_dir = self.state_dir / "containers"
+        self.cache_dir = self.state_dir / "cache"
         self.containers_dir.mkdir(parents=True, exist_ok=True)
+        hostns.keep_mounts_under(str(self.containers_dir))  # overlay roots stay ours
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.oci_root.mkdir(parents=True, exist_ok=True)
         self.agent_dir = self._install_agent()
         self.base_env = {
@@ -101,12 +125,15 @@ class OciRuntime:
             **(sandbox_env or {}),
         }
         self._locks: dict[str, asyncio.Lock] = {}
+        self._spec_env: dict[str, dict[str, str]] = {}
+        self._seccomp_bpf = self._load_seccomp_bpf()
 
     # -- paths ------------------------------------------------------------------------------
 
     def container_dir(self, container_id: str) -> Path:
         if not container_id or "/" in container_id or container_id.startswith("."):
-            raise ContainerNotFound(f"no such container: {container_id!r}")
+            msg = f"no such container: {container_id!r}"
+            raise ContainerNotFound(msg)
         return self.containers_dir / container_id
 
     def data_dir(self, container_id: str) -> Path:
@@ -122,18 +149,75 @@ class OciRuntime:
         return self._locks.setdefault(container_id, asyncio.Lock())
 
     def _install_agent(self) -> Path:
-        """Copy the agent's two files where the container's root can read them."""
+        """Copy the agent's files, with their byte code, where the container's root can read
+        them. The directory is named by a hash of the sources, so it never changes once made."""
         blob = b"".join((AGENT_SOURCE / f).read_bytes() for f in AGENT_FILES)
+        blob += sys.implementation.cache_tag.encode()
         target = self.state_dir / "agent" / hashlib.sha256(blob).hexdigest()[:12]
         if not (target / "complete").exists():
-            target.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}-{os.getpid()}-{threading.get_ident()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
             for f in AGENT_FILES:
-                shutil.copyfile(AGENT_SOURCE / f, target / f)
-                os.chmod(target / f, 0o644)
-            (target / "complete").touch()
-            os.chmod(target, 0o755)
-            os.chmod(target.parent, 0o755)
+                shutil.copyfile(AGENT_SOURCE / f, tmp / f)
+                os.chmod(tmp / f, 0o644)
+                # The container's python3 (3.11 in the image) uses these when its version
+                # matches the host's, and compiles in memory otherwise. The directory is
+                # content-addressed, so the sources need no re-check.
+                pyc = Path(cache_from_source(str(tmp / f)))
+                py_compile.compile(
+                    str(tmp / f),
+                    cfile=str(pyc),
+                    dfile=f"{oci.AGENT_DIR}/{f}",
+                    doraise=True,
+                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+                )
+                os.chmod(pyc, 0o644)
+            os.chmod(tmp / "__pycache__", 0o755)
+            (tmp / "complete").touch()
+            os.chmod(tmp, 0o755)
+            os.chmod(tmp.parent, 0o755)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process installed it first
+                shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+    # -- seccomp, precompiled ---------------------------------------------------------------
+
+    def _seccomp_key(self) -> str | None:
+        if self.seccomp is None or self.binary != "crun":
+            return None
+        st = os.stat(self.binary_path or self.binary)  # a new crun compiles anew
+        blob = json.dumps([self.seccomp, st.st_size, st.st_mtime_ns], sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def _load_seccomp_bpf(self) -> bytes | None:
+        key = self._seccomp_key()
+        if key is None:
+            return None
+        try:
+            data = (self.cache_dir / f"seccomp-{key}.bpf").read_bytes()
+        except FileNotFoundError:
+            return None
+        return data if data and len(data) % 8 == 0 else None
+
+    def _save_seccomp_bpf(self, container_id: str) -> None:
+        """Keep the filter crun compiled for this container, for every later start."""
+        key = self._seccomp_key()
+        if key is None or self._seccomp_bpf is not None:
+            return
+        try:
+            data = (self.oci_root / container_id / "seccomp.bpf").read_bytes()
+        except OSError:
+            return
+        if not data or len(data) % 8:
+            return
+        target = self.cache_dir / f"seccomp-{key}.bpf"
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.rename(target)
+        self._seccomp_bpf = data
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -149,27 +233,31 @@ class OciRuntime:
         os.chown(cdir / "data", sandbox_uid, sandbox_uid)
         os.chmod(cdir / "data", 0o755)
         (cdir / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
+        self._spec_env.pop(spec.id, None)
 
     def load_spec(self, container_id: str) -> ContainerSpec:
         path = self.container_dir(container_id) / "spec.json"
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ContainerNotFound(f"no such container: {container_id}") from None
+            msg = f"no such container: {container_id}"
+            raise ContainerNotFound(msg) from None
         return _spec_from_json(raw)
 
     async def update_spec(self, spec: ContainerSpec) -> None:
         """Replace the stored spec (used on the next start)."""
+        self._spec_env.pop(spec.id, None)
         (self.container_dir(spec.id) / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
 
     async def start(self, container_id: str) -> None:
+        """Start the container, or adopt it when it already runs and its agent answers."""
         async with self._lock(container_id):
             state = await self.state(container_id)
             if state == "running":
                 try:
                     await agent_client.ping(self.socket_path(container_id))
                     return
-                except AgentUnavailable:
+                except (AgentUnavailable, OSError, ValueError):
                     pass
             if state != "absent":
                 await self._remove_oci(container_id)
@@ -183,8 +271,14 @@ class OciRuntime:
         root_uid = oci.host_uid(0)
         os.chown(sock_dir, root_uid, root_uid)
         os.chmod(sock_dir, 0o700)
-        (sock_dir / protocol.SOCKET_NAME).unlink(missing_ok=True)
+        sock_path = sock_dir / protocol.SOCKET_NAME
+        sock_path.unlink(missing_ok=True)
         self.cgroups.prepare(container_id, root_uid)
+        hosts_file = None
+        if spec.hosts:
+            hosts_file = cdir / "hosts"
+            hosts_file.write_text(oci.hosts_file_text(spec.hosts))
+            os.chmod(hosts_file, 0o644)
         config = oci.build_config(
             spec,
             rootfs=cdir / "rootfs",
@@ -193,20 +287,44 @@ class OciRuntime:
             agent_dir=self.agent_dir,
             cgroups_path=self.cgroups.cgroups_path(container_id),
             seccomp=self.seccomp,
+            seccomp_bpf=self._seccomp_bpf,
+            hosts_file=hosts_file,
         )
         (cdir / "config.json").write_text(json.dumps(config))
-        overlay = (
-            f"lowerdir={self.image_rootfs},upperdir={cdir / 'upper'},workdir={cdir / 'work'}"
-        )
-        log = open(cdir / "agent.log", "wb+")  # noqa: SIM115 - handed to the container
+        overlay = f"lowerdir={self.image_rootfs},upperdir={cdir / 'upper'},workdir={cdir / 'work'}"
+        # Socket activation: bound and listening before the agent exists. It reaches the agent
+        # as crun's stdin, which a detached container inherits (the agent moves it off fd 0).
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        rootfs = str(cdir / "rootfs")
+        mounted = False
         try:
-            await self._oci(
-                "run", "--detach", "--bundle", str(cdir), container_id,
-                overlay=overlay, rootfs=cdir / "rootfs", stdio=log.fileno(),
-            )
+            listener.bind(str(sock_path))
+            os.chmod(sock_path, 0o600)
+            listener.listen(128)
+            ns = hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid)
+            if hostns.in_private_namespace():
+                hostns.mount_overlay(rootfs, overlay)
+                mounted = True
+            else:
+                ns = dataclasses.replace(ns, overlay_options=overlay, overlay_target=rootfs)
+            with open(cdir / "agent.log", "wb+") as log:  # handed to the container
+                await self._oci(
+                    "run", "--detach", "--bundle", str(cdir), container_id,
+                    ns=ns, stdin=listener.fileno(), stdio=log.fileno(),
+                )  # fmt: skip
         finally:
-            log.close()
-        await agent_client.wait_ready(self.socket_path(container_id))
+            listener.close()
+            if mounted:  # the container has its own copy now
+                hostns.detach(rootfs)
+        try:
+            await asyncio.wait_for(agent_client.ping(sock_path), timeout=AGENT_START_TIMEOUT_S)
+        except (AgentUnavailable, OSError, ValueError, TimeoutError) as exc:
+            tail = _tail(cdir / "agent.log")
+            msg = f"the sandbox agent of {container_id} did not start: {exc}" + (
+                f"; its log ends with: {tail}" if tail else ""
+            )
+            raise AgentUnavailable(msg) from None
+        self._save_seccomp_bpf(container_id)
 
     async def pause(self, container_id: str) -> None:
         await self._oci("pause", container_id)
@@ -226,6 +344,7 @@ class OciRuntime:
                 await asyncio.to_thread(shutil.rmtree, cdir, True)
             shutil.rmtree(self.socket_dir(container_id), ignore_errors=True)
         self._locks.pop(container_id, None)
+        self._spec_env.pop(container_id, None)
 
     async def _remove_oci(self, container_id: str) -> None:
         """Kill every process and remove the OCI container and its cgroups; keep the disk."""
@@ -234,15 +353,15 @@ class OciRuntime:
                 await self._oci("kill", container_id, "KILL", check=False)
             await self._oci("delete", "--force", container_id, check=False)
         await asyncio.to_thread(self.cgroups.remove, container_id)
+        hostns.forget_unified(container_id)
         self.socket_path(container_id).unlink(missing_ok=True)
 
     async def state(self, container_id: str) -> SandboxState:
-        out = await self._oci("state", container_id, check=False, capture=True)
-        if out is None:
+        if not (self.oci_root / container_id).exists():  # never started, or deleted
             return "absent"
-        try:
-            status = json.loads(out).get("status")
-        except json.JSONDecodeError:
+        info = await self._oci_state(container_id)
+        status = info.get("status") if info else None
+        if status is None:
             return "absent"
         if status == "running":
             return "running"
@@ -250,12 +369,82 @@ class OciRuntime:
             return "paused"
         return "stopped"
 
+    async def _oci_state(self, container_id: str) -> dict[str, Any] | None:
+        out = await self._oci("state", container_id, check=False, capture=True)
+        if not out:
+            return None
+        try:
+            info = json.loads(out)
+        except json.JSONDecodeError:
+            return None
+        return info if isinstance(info, dict) else None
+
+    async def agent_pid(self, container_id: str) -> int | None:
+        """The host pid of the container's PID 1 (the agent), if it runs."""
+        if not (self.oci_root / container_id).exists():
+            return None
+        info = await self._oci_state(container_id)
+        pid = info.get("pid") if info else None
+        return pid if isinstance(pid, int) and pid > 0 else None
+
     async def list(self) -> list[SandboxInfo]:
-        out = []
-        for entry in sorted(self.containers_dir.iterdir()):
-            if (entry / "spec.json").exists():
-                out.append(SandboxInfo(entry.name, await self.state(entry.name)))
-        return out
+        ids = sorted(p.name for p in self.containers_dir.iterdir() if (p / "spec.json").exists())
+        states = await asyncio.gather(*(self.state(cid) for cid in ids))
+        return [SandboxInfo(cid, state) for cid, state in zip(ids, states, strict=True)]
+
+    async def recover(self) -> dict[str, RecoveryAction]:
+        """After the owning process died (cleanly or not): take every container back.
+
+        A running container whose agent answers is adopted as it is (its processes and
+        background services keep running); any other one (stopped, absent after a reboot,
+        or with a hung agent) is started again from its disk, files intact. Paused containers
+        stay paused. Leftovers of destroyed containers (cgroups, socket directories, OCI
+        state) are removed. Returns what was done for each container id.
+        """
+        done: dict[str, RecoveryAction] = {}
+        for info in await self.list():
+            if info.state == "paused":
+                done[info.id] = "paused"
+                continue
+            adopted = False
+            if info.state == "running":
+                try:
+                    await agent_client.ping(self.socket_path(info.id))
+                    adopted = True
+                except (AgentUnavailable, OSError, ValueError):
+                    pass
+            if adopted:
+                done[info.id] = "adopted"
+                continue
+            try:
+                await self.start(info.id)
+                done[info.id] = "restarted"
+            except Exception:  # one broken container must not stop the others
+                done[info.id] = "failed"
+        await self.sweep_orphans()
+        return done
+
+    async def sweep_orphans(self) -> builtins.list[str]:
+        """Remove OCI state, cgroups and socket directories of containers that have no disk
+        (their destroy was interrupted). Returns the ids cleaned up."""
+        known = {p.name for p in self.containers_dir.iterdir() if (p / "spec.json").exists()}
+        orphans: set[str] = set()
+        if self.oci_root.is_dir():
+            orphans |= {p.name for p in self.oci_root.iterdir() if p.is_dir()} - known
+        sock_root = self.run_base / "sock"
+        if sock_root.is_dir():
+            orphans |= {p.name for p in sock_root.iterdir()} - known
+        # Cgroups are shared by every state directory on the host: only ids we have a trace of.
+        orphans |= (self.cgroups.existing() & orphans) - known
+        for cid in sorted(orphans):
+            with contextlib.suppress(Exception):
+                await self._remove_oci(cid)
+            shutil.rmtree(self.socket_dir(cid), ignore_errors=True)
+        return sorted(orphans)
+
+    async def memory_usage(self, container_id: str) -> int | None:
+        """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""
+        return self.cgroups.memory_usage(container_id)
 
     # -- exec -------------------------------------------------------------------------------
 
@@ -264,9 +453,11 @@ class OciRuntime:
         if not sock.exists():
             state = await self.state(container_id)
             if state == "absent" and not (self.container_dir(container_id) / "spec.json").exists():
-                raise ContainerNotFound(f"no such container: {container_id}")
+                msg = f"no such container: {container_id}"
+                raise ContainerNotFound(msg)
         try:
-            async for event in agent_client.exec_stream(sock, request, base_env=self.base_env):
+            env = self.container_env(container_id)
+            async for event in agent_client.exec_stream(sock, request, base_env=env):
                 yield event
         except AgentUnavailable:
             if await self.state(container_id) != "running":
@@ -275,33 +466,56 @@ class OciRuntime:
             for index, result in enumerate(await self._exec_fallback(container_id, request)):
                 yield CommandFinished(index, result)
 
-    async def run(self, container_id: str, request: ExecRequest) -> list[CommandResult]:
-        results: list[CommandResult] = []
+    def container_env(self, container_id: str) -> dict[str, str]:
+        """The clean environment plus the spec's ``env`` (egress proxy variables and the like)."""
+        spec_env = self._spec_env.get(container_id)
+        if spec_env is None:
+            try:
+                spec_env = self._spec_env[container_id] = dict(self.load_spec(container_id).env)
+            except ContainerNotFound:
+                spec_env = {}
+        return {**self.base_env, **spec_env}
+
+    async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
+        results: builtins.list[CommandResult] = []
         async for event in self.exec(container_id, dataclasses.replace(request, stream=False)):
             if isinstance(event, CommandFinished):
                 results.append(event.result)
         return results
 
-    async def _exec_fallback(self, container_id: str, request: ExecRequest) -> list[CommandResult]:
-        env = dict(self.base_env)
+    async def _exec_fallback(
+        self, container_id: str, request: ExecRequest
+    ) -> builtins.list[CommandResult]:
+        """``crun exec`` per command: no per-command cgroup (a timeout kills the process group
+        only), no streaming. For a container whose agent is gone."""
+        env = self.container_env(container_id)
         env.update(request.env or {})
-        results = []
+        results: builtins.list[CommandResult] = []
         for command in request.commands:
             args = [
-                self.binary_path or self.binary, "--root", str(self.oci_root), "exec",
-                "--user", f"{oci.SANDBOX_UID}:{oci.SANDBOX_UID}",
-                "--cwd", request.cwd or protocol.WORKDIR,
+                "--root",
+                str(self.oci_root),
+                "exec",
+                "--user",
+                f"{oci.SANDBOX_UID}:{oci.SANDBOX_UID}",
+                "--cwd",
+                request.cwd or protocol.WORKDIR,
                 *(a for k, v in env.items() for a in ("--env", f"{k}={v}")),
-                container_id, "/bin/bash", "-c", command,
+                container_id,
+                "/bin/bash",
+                "-c",
+                command,
             ]
-            proc = await asyncio.create_subprocess_exec(
-                *self._wrap(args), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=self._wrapper_env(), start_new_session=True,
+            proc = await self._spawn(
+                args,
+                hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
             try:
                 out, err = await asyncio.wait_for(proc.communicate(), request.timeout_ms / 1000)
-                outcome = Outcome("exit", proc.returncode)
+                code = proc.returncode or 0
+                outcome = Outcome("exit", 128 - code if code < 0 else code)
             except TimeoutError:
                 proc.kill()
                 out, err = await proc.communicate()
@@ -318,42 +532,47 @@ class OciRuntime:
 
     # -- OCI runtime calls ------------------------------------------------------------------
 
-    def _wrap(self, args: list[str]) -> list[str]:
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", WRAPPER,
-                "shellbox-oci", *args]
+    def _wrapper_env(self) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
 
-    def _wrapper_env(self, overlay: str = "", rootfs: Path | None = None) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-        if self.cgroups.mode is CgroupMode.hybrid:
-            env["SHELLBOX_HYBRID"] = "1"
-        if overlay:
-            env["SHELLBOX_OVERLAY"] = overlay
-            env["SHELLBOX_ROOTFS"] = str(rootfs)
-        return env
+    async def _spawn(
+        self,
+        args: builtins.list[str],
+        ns: hostns.Namespace,
+        *,
+        stdin: int = asyncio.subprocess.DEVNULL,
+        stdout: int,
+        stderr: int,
+    ) -> asyncio.subprocess.Process:
+        argv = [self.binary_path or self.binary, *args]
+        env = self._wrapper_env()
+        if hostns.in_private_namespace() or not ns.needed:
+            return await asyncio.create_subprocess_exec(
+                *argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env
+            )
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+            preexec_fn=hostns.exec_in(ns, argv, env),
+        )  # fmt: skip
 
     async def _oci(
         self,
         *args: str,
         check: bool = True,
         capture: bool = False,
-        overlay: str = "",
-        rootfs: Path | None = None,
+        ns: hostns.Namespace | None = None,
+        stdin: int = asyncio.subprocess.DEVNULL,
         stdio: int | None = None,
     ) -> str | None:
-        argv = [self.binary_path or self.binary, "--root", str(self.oci_root), *args]
-        if not overlay and self.cgroups.mode is not CgroupMode.hybrid:
-            cmd = argv
-        else:
-            cmd = self._wrap(argv)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            # A detached container must not inherit a pipe (the call would never end): crun
-            # run gets the agent's log file for both streams.
-            stdout=stdio if stdio is not None else asyncio.subprocess.PIPE,
-            stderr=stdio if stdio is not None else asyncio.subprocess.PIPE,
-            env=self._wrapper_env(overlay, rootfs),
-        )
+        if ns is None:
+            ns = hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid)
+        # A detached container must not inherit a pipe (the call would never end): crun
+        # run gets the agent's log file for both streams.
+        out_target = stdio if stdio is not None else asyncio.subprocess.PIPE
+        proc = await self._spawn(
+            ["--root", str(self.oci_root), *args], ns, stdin=stdin, stdout=out_target,
+            stderr=out_target,
+        )  # fmt: skip
         out, err = await proc.communicate()
         if proc.returncode != 0:
             if check:
@@ -365,6 +584,17 @@ class OciRuntime:
                 raise SandboxError(msg)
             return None
         return out.decode() if capture and out is not None else ""
+
+
+def _tail(path: Path, limit: int = 800) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _spec_to_json(spec: ContainerSpec) -> dict[str, Any]:

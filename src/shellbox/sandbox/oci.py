@@ -8,6 +8,7 @@ a container is root on the host.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from functools import lru_cache
@@ -21,6 +22,10 @@ ID_MAP_SIZE = 65_536
 SANDBOX_UID = 1000  # must match agent/protocol.py SANDBOX_UID
 AGENT_DIR = "/opt/shellbox/agent"  # where the agent's source is mounted read-only
 SOCKET_DIR = "/run/shellbox"  # must match agent/protocol.py SOCKET_DIR
+LISTEN_FD = 0  # the agent's listening socket: crun's stdin, inherited by a detached container
+# Imported rather than run as a script, so that its byte code comes from ``__pycache__``.
+AGENT_BOOTSTRAP = f"import sys; sys.path.insert(0, {AGENT_DIR!r}); import server; server.main()"
+SECCOMP_BPF_ANNOTATION = "run.oci.seccomp_bpf_data"  # crun: a precompiled filter, base64
 DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
 # The agent needs these to drop to uid 1000 and to kill a command's processes; commands lose
 # them all when they drop to uid 1000 (no keep-caps, no ambient set, noNewPrivileges).
@@ -42,53 +47,120 @@ def build_config(
     agent_dir: Path,
     cgroups_path: str,
     seccomp: Mapping[str, Any] | None,
+    seccomp_bpf: bytes | None = None,
+    hosts_file: Path | None = None,
 ) -> dict[str, Any]:
+    """The bundle's ``config.json``. ``seccomp_bpf``, crun only: the profile already compiled
+    (crun compiles the JSON profile on every start, ~25 ms here; see ``crun.py``)."""
     memory = MEMORY_LIMIT_BYTES[spec.memory_limit]
     period = 100_000
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
-        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "none", "source": "/sys",
-         "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
+        {
+            "destination": "/dev/mqueue",
+            "type": "mqueue",
+            "source": "mqueue",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
+        {
+            "destination": "/sys",
+            "type": "none",
+            "source": "/sys",
+            "options": ["rbind", "nosuid", "noexec", "nodev", "ro"],
+        },
         # Read-write so the agent can make per-command cgroups in its delegated subtree.
-        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-         "options": ["nosuid", "noexec", "nodev", "relatime", "rw"]},
-        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "nodev", "mode=1777", f"size={spec.tmp_size_mb}m"]},
-        {"destination": "/mnt/data", "type": "bind", "source": str(data_dir),
-         "options": ["rbind", "nosuid", "nodev", "rw"]},
-        {"destination": SOCKET_DIR, "type": "bind", "source": str(run_dir),
-         "options": ["rbind", "nosuid", "nodev", "noexec", "rw"]},
-        {"destination": AGENT_DIR, "type": "bind", "source": str(agent_dir),
-         "options": ["rbind", "nosuid", "nodev", "ro"]},
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "rw"],
+        },
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", f"size={spec.tmp_size_mb}m"],
+        },
+        {
+            "destination": "/mnt/data",
+            "type": "bind",
+            "source": str(data_dir),
+            "options": ["rbind", "nosuid", "nodev", "rw"],
+        },
+        {
+            "destination": SOCKET_DIR,
+            "type": "bind",
+            "source": str(run_dir),
+            "options": ["rbind", "nosuid", "nodev", "noexec", "rw"],
+        },
+        {
+            "destination": AGENT_DIR,
+            "type": "bind",
+            "source": str(agent_dir),
+            "options": ["rbind", "nosuid", "nodev", "ro"],
+        },
     ]
+    if hosts_file is not None:
+        mounts.append(
+            {
+                "destination": "/etc/hosts",
+                "type": "bind",
+                "source": str(hosts_file),
+                "options": ["bind", "nosuid", "nodev", "noexec", "ro"],
+            }
+        )
     for m in spec.mounts:
         mounts.append(
-            {"destination": m.destination, "type": "bind", "source": str(m.source),
-             "options": ["rbind", "nosuid", "nodev", "ro" if m.read_only else "rw"]}
+            {
+                "destination": m.destination,
+                "type": "bind",
+                "source": str(m.source),
+                "options": ["rbind", "nosuid", "nodev", "ro" if m.read_only else "rw"],
+            }
         )
     namespaces: list[dict[str, str]] = [
-        {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
-        {"type": "user"}, {"type": "cgroup"},
+        {"type": "pid"},
+        {"type": "ipc"},
+        {"type": "uts"},
+        {"type": "mount"},
+        {"type": "user"},
+        {"type": "cgroup"},
     ]
     if spec.netns_path:
         namespaces.append({"type": "network", "path": spec.netns_path})
     else:
         namespaces.append({"type": "network"})
-    env = [f"PATH={SANDBOX_PATH}", "LANG=C.UTF-8", "HOME=/root", "PYTHONDONTWRITEBYTECODE=1"]
+    env = [
+        f"PATH={SANDBOX_PATH}",
+        "LANG=C.UTF-8",
+        "HOME=/root",
+        "PYTHONDONTWRITEBYTECODE=1",
+        f"SHELLBOX_LISTEN_FD={LISTEN_FD}",
+    ]
     config: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": ["/usr/bin/python3", "-I", "-S", f"{AGENT_DIR}/server.py"],
+            "args": ["/usr/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP],
             "env": env,
             "cwd": "/",
             "capabilities": {
@@ -118,18 +190,39 @@ def build_config(
             },
             "namespaces": namespaces,
             "maskedPaths": [
-                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-                "/sys/firmware", "/sys/devices/virtual/powercap",
+                "/proc/acpi",
+                "/proc/asound",
+                "/proc/kcore",
+                "/proc/keys",
+                "/proc/latency_stats",
+                "/proc/timer_list",
+                "/proc/timer_stats",
+                "/proc/sched_debug",
+                "/proc/scsi",
+                "/sys/firmware",
+                "/sys/devices/virtual/powercap",
             ],
             "readonlyPaths": [
-                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+                "/proc/bus",
+                "/proc/fs",
+                "/proc/irq",
+                "/proc/sys",
+                "/proc/sysrq-trigger",
             ],
         },
     }
-    if seccomp is not None:
+    if seccomp_bpf is not None:
+        config["annotations"] = {SECCOMP_BPF_ANNOTATION: base64.b64encode(seccomp_bpf).decode()}
+    elif seccomp is not None:
         config["linux"]["seccomp"] = dict(seccomp)
     return config
+
+
+def hosts_file_text(hosts: Mapping[str, str]) -> str:
+    """``/etc/hosts`` for a container: the image's two lines plus ``name -> address`` entries."""
+    lines = ["127.0.0.1\tlocalhost sandbox", "::1\tlocalhost ip6-localhost"]
+    lines += [f"{address}\t{name}" for name, address in sorted(hosts.items())]
+    return "\n".join(lines) + "\n"
 
 
 @lru_cache(maxsize=4)

@@ -1,0 +1,85 @@
+"""The OCI runtime's mount namespace: the fast path (the owning process entered a private
+namespace once) and the fallback (a process with threads: each call sets one up itself)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sandbox_helpers import IMAGE_DIR, REPO
+
+from shellbox.sandbox import OciRuntime, hostns
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    from pathlib import Path
+    from shellbox.sandbox import ContainerSpec, ExecRequest, create_runtime, hostns
+    from shellbox.settings import Settings
+
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()  # a thread: no unshare possible
+
+    async def main() -> None:
+        state, image = Path(sys.argv[1]), Path(sys.argv[2])
+        rt = create_runtime(Settings(state_dir=state, runtime={"image_dir": image}))
+        assert not hostns.in_private_namespace()
+        await rt.create(ContainerSpec(id="fallback"))
+        await rt.start("fallback")
+        [r] = await rt.run("fallback", ExecRequest(["id -u; echo ok > f"], 10000, 100))
+        print(r.stdout.strip(), (rt.data_dir("fallback") / "f").read_text().strip())
+        await rt.destroy("fallback")
+        mounts = Path("/proc/self/mountinfo").read_text()
+        print("clean" if "fallback" not in mounts else "mount left")
+
+    asyncio.run(main())
+    stop.set()
+    """
+)
+
+
+FAST = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from shellbox.sandbox import create_runtime, hostns
+    from shellbox.settings import Settings
+
+    before = os.readlink("/proc/self/ns/mnt")
+    create_runtime(Settings(state_dir=Path(sys.argv[1]), runtime={"image_dir": sys.argv[2]}))
+    print(hostns.in_private_namespace(), before != os.readlink("/proc/self/ns/mnt"))
+    """
+)
+
+
+def test_a_single_threaded_owner_enters_a_private_mount_namespace(
+    host_state_dir: Path,
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FAST, str(host_state_dir), str(IMAGE_DIR)],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_this_process_is_in_a_namespace_of_its_own_or_says_it_is_not(
+    runtime: OciRuntime,
+) -> None:
+    parent = Path(f"/proc/{os.getppid()}/ns/mnt").readlink()  # whoever started pytest
+    separate = Path("/proc/self/ns/mnt").readlink() != parent
+    assert hostns.in_private_namespace() == separate
+
+
+def test_a_process_with_threads_falls_back_to_a_namespace_per_call(
+    host_state_dir: Path,
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(host_state_dir), str(IMAGE_DIR)],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1000", "ok", "clean"]

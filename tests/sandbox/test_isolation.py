@@ -1,0 +1,340 @@
+"""What a command cannot do: it runs as uid 1000 with no capabilities, in its own namespaces,
+under cgroup limits and the default seccomp profile. Real containers (crun), host-side checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import REPO, run1
+
+from shellbox.agent.protocol import OOM_NOTE
+from shellbox.ids import new_id
+from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime
+
+ZERO_CAPS = "0000000000000000"
+
+
+async def test_commands_run_as_uid_1000_with_no_capabilities(
+    runtime: OciRuntime, container: str
+) -> None:
+    probe = "id -G; grep -E '^(Uid|Gid|Groups|Cap(Inh|Prm|Eff|Amb)):' /proc/self/status"
+    # The agent starts a command either from its pre-forked spare (after a quiet spell) or
+    # by posix_spawn (in a burst of calls): both must end up the same.
+    for pause in (0.5, 0.0, 0.0, 0.5):
+        await asyncio.sleep(pause)
+        [a, b] = await runtime.run(container, ExecRequest([probe, probe], 10_000, 1000))
+        for r in (a, b):
+            lines = r.stdout.splitlines()
+            assert lines[0] == "1000"
+            status = dict(line.split(":", 1) for line in lines[1:])
+            assert status["Uid"].split() == ["1000"] * 4  # real, effective, saved, fs
+            assert status["Gid"].split() == ["1000"] * 4
+            assert status["Groups"].strip() == ""
+            for name in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+                assert status[name].strip() == ZERO_CAPS, status
+    r = await run1(runtime, container, "grep NoNewPrivs /proc/self/status; which sudo su || true")
+    assert r.stdout.startswith("NoNewPrivs:\t1\n")
+    r = await run1(runtime, container, "su -c true root </dev/null")
+    assert r.outcome.exit_code != 0
+
+
+async def test_host_secrets_and_the_checkout_are_out_of_reach(
+    runtime: OciRuntime, container: str
+) -> None:
+    r = await run1(runtime, container, "ls -A /root")
+    assert r.outcome.exit_code != 0 and "Permission denied" in r.stderr
+    r = await run1(runtime, container, "cat /etc/shadow")
+    assert r.outcome.exit_code != 0 and "Permission denied" in r.stderr
+    # Whatever the container's own files say, they are not the host's.
+    host_passwd = Path("/etc/passwd").read_text()
+    r = await run1(runtime, container, "cat /etc/passwd")
+    assert r.stdout != host_passwd and "user:x:1000:1000" in r.stdout
+    for path in (REPO, REPO / "pyproject.toml", runtime.state_dir, "/var/tmp", "/run/shellbox/"):
+        r = await run1(runtime, container, f"ls -A {path}")
+        host_listing = sorted(os.listdir(path)) if Path(path).is_dir() else []
+        assert r.outcome.exit_code != 0 or sorted(r.stdout.split()) != host_listing, path
+    r = await run1(runtime, container, f"cat {REPO / 'pyproject.toml'}")
+    assert r.outcome.exit_code != 0 and "No such file" in r.stderr
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for sub in ("usr/bin", "etc", "usr/lib/python3.11"):
+        for entry in os.scandir(root / sub):
+            st = entry.stat(follow_symlinks=False)
+            out[f"{sub}/{entry.name}"] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+async def test_the_image_cannot_be_written(runtime: OciRuntime, container: str) -> None:
+    before = _snapshot(runtime.image_rootfs)
+    for command in (
+        "touch /usr/bin/evil",
+        "echo x >> /etc/passwd",
+        "rm -f /usr/bin/ls",
+        "cp /bin/true /usr/lib/python3.11/os.py",
+        "touch /evil",
+    ):
+        r = await run1(runtime, container, command)
+        assert r.outcome.exit_code != 0, command
+        assert "Permission denied" in r.stderr or "Read-only" in r.stderr, r.stderr
+    # The writable places are the sandbox's own: /mnt/data, /tmp, the home directory.
+    r = await run1(runtime, container, "touch /mnt/data/a /tmp/b ~/c && echo ok")
+    assert r.stdout == "ok\n"
+    assert _snapshot(runtime.image_rootfs) == before
+    assert not (runtime.image_rootfs / "evil").exists()
+    assert not (runtime.image_rootfs / "home/user/c").exists()
+
+
+async def test_containers_cannot_see_each_other(runtime: OciRuntime, container: str) -> None:
+    other = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=other))
+    await runtime.start(other)
+    try:
+        await run1(runtime, container, f"echo secret > mine.txt; sleep 4711.{other[-6:]} &")
+        r = await run1(runtime, other, "ls -A /mnt/data; ps -eo args; ls /proc | grep -c '^[0-9]'")
+        assert "mine.txt" not in r.stdout
+        assert "4711" not in r.stdout
+        r = await run1(runtime, other, f"find / -name mine.txt -o -name '{container}*' 2>/dev/null")
+        assert r.stdout == ""
+        # Only its own processes: the agent, its spare, and this command.
+        r = await run1(runtime, other, "ps -e --no-headers | wc -l")
+        assert int(r.stdout) <= 5
+    finally:
+        await runtime.destroy(other)
+
+
+class _Listener:
+    """A TCP server on the host that records every connection it gets."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.create_server((host, 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.sock.settimeout(0.2)
+        self._stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listeners() -> Iterator[tuple[_Listener, _Listener]]:
+    loopback, anyaddr = _Listener("127.0.0.1"), _Listener("0.0.0.0")
+    yield loopback, anyaddr
+    loopback.close()
+    anyaddr.close()
+
+
+def _host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+async def test_no_network_and_no_host_services(
+    runtime: OciRuntime, container: str, listeners: tuple[_Listener, _Listener]
+) -> None:
+    loopback, anyaddr = listeners
+    # The host side really answers: the listeners work.
+    socket.create_connection(("127.0.0.1", loopback.port), 2).close()
+    assert loopback.accepted == 1 or await _eventually(lambda: loopback.accepted == 1)
+    r = await run1(runtime, container, "ip -o link")
+    assert [line.split()[1] for line in r.stdout.splitlines()] == ["lo:"]
+    r = await run1(runtime, container, "ip route; ip -6 route")
+    assert r.stdout == ""  # no route anywhere but loopback
+    probe = (
+        "import socket, sys\n"
+        "for host, port in [tuple(a.rsplit(':', 1)) for a in sys.argv[1:]]:\n"
+        "    try:\n"
+        "        socket.create_connection((host, int(port)), 2).close(); print('OPEN', host)\n"
+        "    except OSError as e:\n"
+        "        print('closed', host, e.errno)\n"
+    )
+    targets = [f"127.0.0.1:{loopback.port}", f"127.0.0.1:{anyaddr.port}"]
+    targets += [f"{a}:{anyaddr.port}" for a in _host_addresses()]
+    targets += ["1.1.1.1:443", "10.0.2.2:80"]
+    r = await run1(runtime, container, f'python3 -c "{probe}" {" ".join(targets)}')
+    assert "OPEN" not in r.stdout, r.stdout
+    assert r.stdout.count("closed") == len(targets)
+    r = await run1(runtime, container, "curl -sS -m 3 https://pypi.org/ -o /dev/null")
+    assert r.outcome.exit_code != 0
+    await asyncio.sleep(0.3)
+    assert (loopback.accepted, anyaddr.accepted) == (1, 0)
+
+
+async def _eventually(check: object, timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(check) and check():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def test_memory_limit_kills_the_command_with_a_note(
+    runtime: OciRuntime, container: str
+) -> None:
+    alloc = "python3 -c 'b = bytearray({n} * 1024 * 1024); print(len(b) >> 20)'"
+    r = await run1(runtime, container, alloc.format(n=500))
+    assert (r.stdout, r.outcome.exit_code) == ("500\n", 0)
+    r = await run1(runtime, container, "echo before >&2; " + alloc.format(n=2048))
+    assert r.outcome.exit_code == 137
+    lines = r.stderr.splitlines()
+    assert lines[0] == "before"
+    assert lines[-1] == OOM_NOTE.format(limit="1024 MiB")
+    # The agent survived and the commands' memory cgroup sits 48 MiB under the container's.
+    r = await run1(
+        runtime,
+        container,
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+        " /sys/fs/cgroup/memory/cmds/memory.limit_in_bytes",
+    )
+    container_limit, commands_limit = (int(x) for x in r.stdout.split())
+    assert container_limit == 1 << 30
+    assert container_limit - commands_limit == 48 << 20
+    r = await run1(runtime, container, "echo alive")
+    assert (r.stdout, r.stderr) == ("alive\n", "")
+
+
+class _HostProbe:
+    """Times ``true`` on the host every 50 ms while a test runs."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            subprocess.run(["true"], check=True)
+            self.latencies.append(time.perf_counter() - t)
+            time.sleep(0.05)
+
+    def __enter__(self) -> _HostProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _pids_max_hits(runtime: OciRuntime, cid: str) -> int:
+    events = runtime.cgroups.root / "pids" / "shellbox" / cid / "cmds" / "pids.events"
+    return int(events.read_text().split()[1])
+
+
+async def test_a_fork_bomb_hits_the_pids_limit_and_the_timeout_kills_it(
+    runtime: OciRuntime, container: str
+) -> None:
+    with _HostProbe() as probe:
+        # A bomb whose shell keeps forking until the timeout kills all of it.
+        bomb = "bomb() { bomb | bomb & }; while :; do bomb; done"
+        [r] = await runtime.run(container, ExecRequest([bomb], 3000, 2000))
+    assert r.outcome.type == "timeout"
+    assert len(r.stderr) <= 2000
+    assert _pids_max_hits(runtime, container) > 0  # the commands' pids.max was hit
+    assert max(probe.latencies) < 1.0, max(probe.latencies)
+    r = await run1(runtime, container, "echo alive; ps -e --no-headers | wc -l")
+    assert r.stdout.startswith("alive\n")
+    assert int(r.stdout.split()[1]) < 10, r  # nothing of the bomb is left
+
+
+async def test_a_detached_fork_bomb_is_contained_and_destroy_removes_it(
+    runtime: OciRuntime,
+) -> None:
+    cid = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=cid))
+    await runtime.start(cid)
+    try:
+        with _HostProbe() as probe:
+            # The classic bomb detaches at once: like any background job it outlives its call.
+            r = await run1(runtime, cid, ":(){ :|:& };:", timeout_ms=5000)
+            assert r.outcome.type == "exit"
+            await asyncio.sleep(1.0)
+            assert _pids_max_hits(runtime, cid) > 0
+            # The agent keeps its reserve of processes and still answers (a builtin needs no
+            # fork; the bomb holds every process the commands may have).
+            r = await run1(runtime, cid, "echo alive", timeout_ms=5000)
+            assert r.stdout == "alive\n"
+        assert max(probe.latencies) < 1.0, max(probe.latencies)
+        procs = runtime.cgroups.root / "pids" / "shellbox" / cid / "cmds" / "pids.current"
+        assert int(procs.read_text()) > 100
+    finally:
+        await runtime.destroy(cid)
+    assert not any((h / "shellbox" / cid).exists() for h in runtime.cgroups.root.iterdir())
+
+
+async def test_kernel_interfaces_are_refused(runtime: OciRuntime, container: str) -> None:
+    checks = {
+        "echo 3 > /proc/sys/vm/drop_caches": "Read-only file system",
+        "echo evil > /proc/sys/kernel/hostname": "Read-only file system",
+        "echo 1 > /proc/sysrq-trigger": "",
+        "mkdir -p /tmp/m && mount -t tmpfs none /tmp/m": "",
+        "unshare -m true": "",
+        "cat /proc/1/environ": "Permission denied",
+        "ls /proc/1/fd": "Permission denied",
+        "kill -9 1": "",
+    }
+    for command, message in checks.items():
+        r = await run1(runtime, container, command)
+        assert r.outcome.exit_code != 0, command
+        assert message in r.stderr, (command, r.stderr)
+    ptrace = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "r = libc.ptrace(16, 1, 0, 0); print(r, os.strerror(ctypes.get_errno()))"
+    )
+    r = await run1(runtime, container, f'python3 -c "{ptrace}"')
+    assert r.stdout.startswith("-1 Operation not permitted"), r.stdout
+    modules = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr, args in (('init_module', 175, (0, 0, b'')), "
+        "('finit_module', 313, (0, b'', 0)), ('delete_module', 176, (b'ext4', 0))):\n"
+        "    r = libc.syscall(nr, *args); print(name, r, os.strerror(ctypes.get_errno()))\n"
+    )
+    r = await run1(runtime, container, f'python3 -c "{modules}"')
+    assert r.stdout.splitlines() == [
+        "init_module -1 Operation not permitted",
+        "finit_module -1 Operation not permitted",
+        "delete_module -1 Operation not permitted",
+    ]
+    r = await run1(runtime, container, "echo alive")
+    assert r.stdout == "alive\n"
+
+
+async def test_the_agent_socket_is_unreachable_for_the_sandbox_user(
+    runtime: OciRuntime, container: str
+) -> None:
+    r = await run1(runtime, container, "ls /run/shellbox")
+    assert r.outcome.exit_code != 0 and "Permission denied" in r.stderr
+    connect = (
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/shellbox/agent.sock')"
+    )
+    r = await run1(runtime, container, f'python3 -c "{connect}"')
+    assert "PermissionError" in r.stderr
+    # From the host it answers.
+    assert runtime.socket_path(container).exists()

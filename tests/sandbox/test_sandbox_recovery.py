@@ -1,0 +1,177 @@
+"""Recovery: the process that owns the containers (whatever holds the ``OciRuntime``) dies
+uncleanly, a new one starts on the same state directory and takes everything back; and
+``destroy`` leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sandbox_helpers import IMAGE_DIR, REPO, run1
+
+from shellbox.ids import new_id
+from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
+from shellbox.settings import Settings
+
+SERVICE = (
+    "python3 -m http.server 8421 --bind 127.0.0.1 >/dev/null 2>&1 & "
+    "for i in $(seq 100); do curl -s -o /dev/null 127.0.0.1:8421 && break; sleep 0.05; done"
+)
+OWNER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from shellbox.sandbox import ContainerSpec, ExecRequest, create_runtime
+    from shellbox.settings import Settings
+
+    async def main() -> None:
+        state, image, cid, service = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+        rt = create_runtime(Settings(state_dir=state, runtime={"image_dir": image}))
+        await rt.create(ContainerSpec(id=cid))
+        await rt.start(cid)
+        await rt.run(cid, ExecRequest(["echo kept > /mnt/data/file.txt", service], 20000, 100))
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def runtime_on(state: Path) -> OciRuntime:
+    return create_runtime(Settings(state_dir=state, runtime={"image_dir": IMAGE_DIR}))
+
+
+def leftovers(rt: OciRuntime, cid: str) -> list[str]:
+    """Everything of a container that may outlive it on the host."""
+    found = [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/shellbox/{cid}")]
+    for ns in ("self", "1"):  # this process's mount namespace, and the host's
+        with open(f"/proc/{ns}/mountinfo") as f:
+            found += [line for line in f if cid in line]
+    for path in (rt.socket_dir(cid), rt.oci_root / cid, rt.container_dir(cid)):
+        if path.exists():
+            found.append(str(path))
+    return found
+
+
+async def test_an_unclean_death_of_the_owner_loses_nothing(host_state_dir: Path) -> None:
+    cid = new_id("cntr_")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(host_state_dir), str(IMAGE_DIR), cid, SERVICE],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline() == "ready\n"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    rt = runtime_on(host_state_dir)  # a new owner, on the same state directory
+    try:
+        assert [(i.id, i.state) for i in await rt.list()] == [(cid, "running")]
+        assert await rt.recover() == {cid: "adopted"}
+        probe = "cat file.txt; curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8421"
+        r = await run1(rt, cid, probe)
+        assert r.stdout == "kept\n200"  # the files, and the service started before the crash
+    finally:
+        await rt.destroy(cid)
+    assert leftovers(rt, cid) == []
+
+
+async def test_a_container_that_died_with_its_owner_is_restarted_with_its_files(
+    host_state_dir: Path,
+) -> None:
+    rt = runtime_on(host_state_dir)
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    await rt.start(cid)
+    try:
+        await run1(rt, cid, "mkdir -p deep/er && echo kept > deep/er/file.txt")
+        pid = await rt.agent_pid(cid)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)  # the container dies (a reboot would lose it entirely)
+        for _ in range(100):
+            if await rt.state(cid) != "running":
+                break
+            await asyncio.sleep(0.02)
+        assert await rt.state(cid) == "stopped"
+        fresh = runtime_on(host_state_dir)
+        assert await fresh.recover() == {cid: "restarted"}
+        r = await run1(fresh, cid, "cat deep/er/file.txt")
+        assert r.stdout == "kept\n"
+        assert await fresh.recover() == {cid: "adopted"}  # idempotent
+    finally:
+        await rt.destroy(cid)
+    assert leftovers(rt, cid) == []
+
+
+async def test_recovery_after_the_runtime_state_is_gone(host_state_dir: Path) -> None:
+    """As after a reboot: /run is empty, only the disk is left."""
+    rt = runtime_on(host_state_dir)
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    await rt.start(cid)
+    try:
+        await run1(rt, cid, "echo kept > file.txt")
+        await rt.stop(cid)
+        shutil.rmtree(rt.socket_dir(cid))
+        assert await rt.state(cid) == "absent"
+        assert await runtime_on(host_state_dir).recover() == {cid: "restarted"}
+        assert (await run1(rt, cid, "cat file.txt")).stdout == "kept\n"
+    finally:
+        await rt.destroy(cid)
+
+
+async def test_paused_containers_stay_paused(host_state_dir: Path) -> None:
+    rt = runtime_on(host_state_dir)
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    await rt.start(cid)
+    try:
+        await rt.pause(cid)
+        assert await runtime_on(host_state_dir).recover() == {cid: "paused"}
+        assert await rt.state(cid) == "paused"
+        await rt.resume(cid)
+        assert (await run1(rt, cid, "echo back")).stdout == "back\n"
+    finally:
+        await rt.destroy(cid)
+    assert leftovers(rt, cid) == []
+
+
+async def test_destroy_leaves_no_cgroup_mount_or_socket(runtime: OciRuntime) -> None:
+    cid = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=cid))
+    await runtime.start(cid)
+    await run1(runtime, cid, "sleep 1000 & echo x > /tmp/a && echo y > b")
+    assert leftovers(runtime, cid)  # the probe sees a live container
+    await runtime.destroy(cid)
+    assert leftovers(runtime, cid) == []
+    await runtime.destroy(cid)  # idempotent
+    assert cid not in {i.id for i in await runtime.list()}
+
+
+async def test_an_interrupted_destroy_is_swept_up(host_state_dir: Path) -> None:
+    rt = runtime_on(host_state_dir)
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    await rt.start(cid)
+    shutil.rmtree(rt.container_dir(cid))  # the owner died half-way through destroy()
+    assert await runtime_on(host_state_dir).sweep_orphans() == [cid]
+    assert leftovers(rt, cid) == []
+
+
+async def test_the_exec_fallback_when_the_agent_socket_is_gone(
+    runtime: OciRuntime, container: str
+) -> None:
+    """``crun exec`` runs the call when the agent cannot be reached but the container runs."""
+    runtime.socket_path(container).unlink()
+    results = await runtime.run(container, ExecRequest(["id -u; pwd", "exit 4"], 10_000, 100))
+    assert [(r.stdout, r.outcome.exit_code) for r in results] == [("1000\n/mnt/data\n", 0), ("", 4)]
+    await runtime.start(container)  # the agent does not answer: the container is restarted
+    assert (await run1(runtime, container, "echo agent")).stdout == "agent\n"

@@ -80,6 +80,38 @@ RUN_BASE = Path("/run/shellbox")
 AGENT_START_TIMEOUT_S = 10.0
 
 
+OWNER_FILE = "owner"  # the state directory a /run/shellbox/<key> directory belongs to
+
+
+def sweep_stale_run_dirs(base: Path, *, keep: Path | None = None) -> list[Path]:
+    """Remove ``/run/shellbox/<key>`` directories left by state directories that are gone.
+
+    Such a directory is only volatile state (OCI runtime state, agent socket directories), but
+    every test run or throwaway state directory would otherwise leave one behind. One whose
+    OCI runtime still records a container is kept whatever its owner says.
+    """
+    removed: list[Path] = []
+    if not base.is_dir():
+        return removed
+    for run_dir in base.iterdir():
+        if run_dir == keep or not run_dir.is_dir():
+            continue
+        owner = run_dir / OWNER_FILE
+        try:
+            if Path(owner.read_text().strip()).is_dir():
+                continue
+        except OSError:
+            pass  # no owner recorded: decided by the OCI state alone
+        if any(
+            (run_dir / oci_binary).is_dir() and any((run_dir / oci_binary).iterdir())
+            for oci_binary in ("crun", "runc")
+        ):
+            continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+        removed.append(run_dir)
+    return removed
+
+
 class OciRuntime:
     """A ``Runtime`` backed by an OCI runtime binary on this host."""
 
@@ -106,12 +138,14 @@ class OciRuntime:
         key = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.run_base = RUN_BASE / key
         self.oci_root = self.run_base / binary
+        sweep_stale_run_dirs(RUN_BASE, keep=self.run_base)
         self.containers_dir = self.state_dir / "containers"
         self.cache_dir = self.state_dir / "cache"
         self.containers_dir.mkdir(parents=True, exist_ok=True)
         hostns.keep_mounts_under(str(self.containers_dir))  # overlay roots stay ours
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.oci_root.mkdir(parents=True, exist_ok=True)
+        (self.run_base / OWNER_FILE).write_text(str(self.state_dir))
         self.agent_dir = self._install_agent()
         self.base_env = {
             "PATH": oci.SANDBOX_PATH,

@@ -66,8 +66,9 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     return services
 
 
-# Each optional feature provides ``install(services)``; listed here so the order is explicit.
-FEATURES: list[Callable[[Services], None]] = []
+# Optional features: each ``install`` attaches its service to the core through the hooks
+# (provision/release hooks, calls.handlers, extras). Imported when called, since every
+# feature's package imports this module for ``Services``.
 
 
 def _install_apply_patch(services: Services) -> None:
@@ -78,16 +79,10 @@ def _install_apply_patch(services: Services) -> None:
     services.calls.handlers["apply_patch_call"] = patcher.apply_patch_call
 
 
-FEATURES.append(_install_apply_patch)
-
-
 def _install_skills(services: Services) -> None:
     from shellbox.skills import install
 
     install(services)
-
-
-FEATURES.append(_install_skills)
 
 
 def _install_egress(services: Services) -> None:
@@ -96,13 +91,15 @@ def _install_egress(services: Services) -> None:
     install(services)
 
 
-FEATURES.append(_install_egress)
-
-
 def _install_responses(services: Services) -> None:
     from shellbox.responses import install
 
     install(services)
 
 
-FEATURES.append(_install_responses)
+FEATURES: list[Callable[[Services], None]] = [
+    _install_apply_patch,
+    _install_skills,
+    _install_egress,
+    _install_responses,
+]

@@ -338,3 +338,11 @@ async def test_the_agent_socket_is_unreachable_for_the_sandbox_user(
     assert "PermissionError" in r.stderr
     # From the host it answers.
     assert runtime.socket_path(container).exists()
+
+
+async def test_sys_shows_only_the_containers_own_network(
+    runtime: OciRuntime, container: str
+) -> None:
+    """/sys is a sysfs of the container's network namespace, not a bind of the host's."""
+    [r] = await runtime.run(container, ExecRequest(["ls /sys/class/net"], 5000, 1000))
+    assert r.stdout.split() == ["lo"]

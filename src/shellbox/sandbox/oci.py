@@ -80,11 +80,13 @@ def build_config(
             "source": "mqueue",
             "options": ["nosuid", "noexec", "nodev"],
         },
+        # A sysfs of the container's own network namespace: a bind of the host's /sys would
+        # list the host's network interfaces (crun binds /sys only if this mount is refused).
         {
             "destination": "/sys",
-            "type": "none",
-            "source": "/sys",
-            "options": ["rbind", "nosuid", "noexec", "nodev", "ro"],
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
         },
         # Read-write so the agent can make per-command cgroups in its delegated subtree.
         {

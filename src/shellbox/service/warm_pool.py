@@ -4,10 +4,11 @@ costs a database row instead of a container start.
 Starting a sandbox (``crun run``, the overlay mount, the agent's start-up) takes about 20 ms
 on this kind of machine when it is quiet, and several times that under load; the public
 sandbox leaderboards time "create, run echo, read the result", and agents feel it on their
-first call (bench/bench_http.py: 23 ms p50 through HTTP with the pool, 33 ms without). A pooled container is exactly what
-a fresh one would be (the default spec, an empty ``/mnt/data``, nothing run in it yet); it is
-used only when a creation asks for nothing beyond that spec (memory ``1g``, no network
-allowlist, no skills), otherwise the container is built as before.
+first call (bench/bench_http.py: 23 ms p50 through HTTP with the pool, 33-40 ms without).
+A pooled container is exactly what a fresh one would be (the default spec, an empty
+``/mnt/data``, nothing run in it yet); it is used only when a creation asks for nothing
+beyond that spec (memory ``1g``, no network allowlist, no skills), otherwise the container
+is built as before.
 
 Pooled containers are not in the database: a restart destroys them as leftovers
 (``ContainerService.recover``) and the pool fills again.

@@ -21,6 +21,7 @@ from shellbox.errors import FileNotFound, InvalidRequest
 
 DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
+MAX_SCAN_DEPTH = 64
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -58,9 +59,13 @@ def _parent_fd(root: Path, rel: str, *, create: bool = False, uid: int = -1) -> 
             except FileNotFoundError:
                 if not create:
                     raise
-                os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    created = True
+                except FileExistsError:  # the sandbox made it meanwhile: use theirs
+                    created = False
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                if uid >= 0:
+                if uid >= 0 and created:
                     os.fchown(nxt, uid, uid)
             os.close(fd)
             fd = nxt
@@ -68,6 +73,10 @@ def _parent_fd(root: Path, rel: str, *, create: bool = False, uid: int = -1) -> 
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             msg = f"{rel!r} goes through a symbolic link or a non-directory; refused"
+            raise InvalidRequest(msg, param="path") from None
+        if exc.errno in (errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY):
+            # The sandbox changed the path while we wrote it (a directory appeared there).
+            msg = f"{rel!r} changed inside the container while it was being written; try again"
             raise InvalidRequest(msg, param="path") from None
         raise
     finally:
@@ -178,35 +187,51 @@ class Entry:
 
 
 def scan(root: Path, limit: int = MAX_SCAN_ENTRIES) -> list[Entry]:
-    """Regular files under ``root`` (no symlinks followed, hidden upload temps skipped)."""
+    """Regular files under ``root`` (no symlinks followed, hidden upload temps skipped).
+
+    Depth first, one directory open per level: a sandbox with thousands of directories costs
+    at most ``MAX_SCAN_DEPTH`` file descriptors, never one per directory. Entries that vanish
+    while we look (the sandbox is still running) are skipped.
+    """
     out: list[Entry] = []
-    seen = 0
     try:
         top = os.open(root, _DIR_FLAGS)
     except FileNotFoundError:
         return out
-    stack: list[tuple[int, str]] = [(top, "")]
-    while stack:
-        dfd, prefix = stack.pop()
-        try:
-            with os.scandir(dfd) as it:
-                for entry in it:
-                    seen += 1
-                    if seen > limit:
-                        break
-                    st = entry.stat(follow_symlinks=False)
-                    rel = f"{prefix}{entry.name}"
-                    if stat.S_ISREG(st.st_mode):
-                        if not entry.name.startswith(".shellbox-upload-"):
-                            out.append(Entry(rel, st.st_size, st.st_mtime_ns))
-                    elif stat.S_ISDIR(st.st_mode):
-                        try:
-                            sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
-                        except OSError:
-                            continue
-                        stack.append((sub, rel + "/"))
-        finally:
-            os.close(dfd)
-    for dfd, _ in stack:
-        os.close(dfd)
+    budget = [limit]
+    try:
+        _scan_dir(top, "", 0, out, budget)
+    finally:
+        os.close(top)
     return out
+
+
+def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[int]) -> None:
+    subdirs: list[str] = []
+    with os.scandir(dfd) as it:
+        for entry in it:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                if not entry.name.startswith(".shellbox-upload-"):
+                    out.append(Entry(f"{prefix}{entry.name}", st.st_size, st.st_mtime_ns))
+            elif stat.S_ISDIR(st.st_mode) and depth < MAX_SCAN_DEPTH:
+                subdirs.append(entry.name)
+    for name in subdirs:
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            # Gone, or swapped for a symlink or a file since it was listed: skip it. Any other
+            # error (out of file descriptors, say) must not silently drop files from the index.
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                continue
+            raise
+        try:
+            _scan_dir(sub, f"{prefix}{name}/", depth + 1, out, budget)
+        finally:
+            os.close(sub)

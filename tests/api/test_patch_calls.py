@@ -144,6 +144,15 @@ def test_symlinks_out_of_data_fail(http: httpx.Client, cid: str) -> None:
     assert out["status"] == "failed"
     out = patch(http, cid, operation={"type": "delete_file", "path": "pw"})
     assert out["status"] == "failed"
+    # Through a planted link, an existing and a missing host directory look the same: the
+    # walk refuses the link itself, so nothing about the host's paths leaks into the message.
+    for host_dir in ("ssl", "no-such-dir"):
+        out = patch(
+            http,
+            cid,
+            operation={"type": "create_file", "path": f"linkdir/{host_dir}/x", "diff": "+x\n"},
+        )
+        assert out["status"] == "failed" and "symbolic link" in out["output"], out["output"]
 
 
 def test_sandbox_permissions_apply(http: httpx.Client, cid: str) -> None:

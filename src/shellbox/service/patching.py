@@ -73,12 +73,13 @@ class Workspace:
         parts = rel.split("/")[:-1]
         while True:
             d = "/".join(parts)
-            path = self.root / d if d else self.root
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
+            # Walked without following symlinks, so nothing about host paths leaks through
+            # a link the sandbox planted on the way.
+            found = self._lstat(d) if d else os.lstat(self.root)
+            if found is None:
                 parts = parts[:-1]
                 continue
+            st = found
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
                 msg = f"/mnt/data/{d} is not a directory (or is a symbolic link)"
                 raise OperationFailed(msg)

@@ -38,6 +38,32 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
+REDACTED = "[redacted]"
+
+
+def redact_tools(tools: Any) -> Any:
+    """The request's tools as a response may echo them: ``domain_secrets`` values never leave
+    the server (not in the response, its stream, or the stored copy)."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for tool in tools:
+        env = tool.get("environment") if isinstance(tool, dict) else None
+        policy = env.get("network_policy") if isinstance(env, dict) else None
+        secrets = policy.get("domain_secrets") if isinstance(policy, dict) else None
+        if isinstance(env, dict) and isinstance(policy, dict) and isinstance(secrets, list):
+            safe = [
+                {**s, "value": REDACTED} if isinstance(s, dict) and "value" in s else s
+                for s in secrets
+            ]
+            tool = {
+                **tool,
+                "environment": {**env, "network_policy": {**policy, "domain_secrets": safe}},
+            }
+        out.append(tool)
+    return out
+
+
 def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for key in NUMBERS:
@@ -105,7 +131,7 @@ def parse_response_request(body: dict[str, Any]) -> tuple[LoopRequest, bool]:
         max_tool_calls=_positive_int(body, "max_tool_calls"),
         params=sampling_params(body),
         echo={
-            "tools": body.get("tools") or [],
+            "tools": redact_tools(body.get("tools") or []),
             "tool_choice": body.get("tool_choice") or "auto",
             "metadata": metadata or {},
         },

@@ -122,6 +122,17 @@ def test_container_file_from_file_id(client: Any, http: httpx.Client, cid: str) 
     assert r.status_code == 400
 
 
+def test_files_api_names_stay_usable_in_a_container(
+    client: Any, http: httpx.Client, cid: str
+) -> None:
+    """A Files API upload keeps only a usable base name, so file_ids can always copy it."""
+    for name, kept in (("..", "upload"), ("dir/../x.txt", "x.txt"), (".", "upload")):
+        f = client.files.create(file=(name, b"data"), purpose="user_data")
+        assert f.filename == kept
+        cf = client.containers.files.create(cid, file_id=f.id)
+        assert cf.path == f"/mnt/data/{kept}"
+
+
 def test_container_files_list_pages(client: Any, http: httpx.Client, cid: str) -> None:
     shell(http, cid, "for i in $(seq 1 23); do echo $i > f$i.txt; done")
     ids = [f.id for f in client.containers.files.list(cid, limit=10, order="asc")]

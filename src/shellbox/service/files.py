@@ -77,7 +77,7 @@ class FileService:
         record = FileRecord(
             new_id("file-"),
             principal.project,
-            os.path.basename(filename) or "upload",
+            _safe_basename(filename),
             purpose,
             size,
             now,
@@ -353,3 +353,10 @@ def _capped(chunks: Iterator[bytes], cap: int) -> Iterator[bytes]:
         total += len(data)
         _check_size(total, cap)
         yield data
+
+
+def _safe_basename(filename: str) -> str:
+    """The name a Files API upload keeps: its last path component, usable later as a file name
+    in /mnt/data (``file_ids``); "upload" when nothing usable is left."""
+    name = os.path.basename(filename.replace("\x00", ""))
+    return name if name not in ("", ".", "..") else "upload"

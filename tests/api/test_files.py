@@ -147,3 +147,15 @@ def test_container_files_of_unknown_container(http: httpx.Client) -> None:
     assert r.status_code == 404 and error_of(r)["code"] == "container_not_found"
     r = http.post("/v1/containers/cntr_nope/files", files={"file": ("a", b"x")})
     assert r.status_code == 404
+
+
+def test_big_trees_are_still_indexed_and_cited(client: Any, http: httpx.Client, cid: str) -> None:
+    """Past a few thousand entries the scan moves off the event loop; nothing else changes."""
+    make = "for d in $(seq 1 30); do mkdir -p t/$d; (cd t/$d && touch $(seq 1 100)); done"
+    first = shell(http, cid, make)
+    assert first["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
+    assert len(first["files"]) == 10  # at most 10 citations
+    second = shell(http, cid, "echo new > fresh.txt")
+    assert [f["filename"] for f in second["files"]] == ["fresh.txt"]
+    page = client.containers.files.list(cid, limit=100)
+    assert len(page.data) == 100 and page.has_more

@@ -102,7 +102,7 @@ class CallService:
         async with self.containers.activity(principal, cid):
             started_ns = file_clock_ns()
             results = await self.containers.runtime.run(cid, request)
-            cited = self.files.changed_since(cid, started_ns)
+            cited = await self.files.changed_since(cid, started_ns)
         out = shell_call_output_item(call_id, results, request.max_output_length)
         out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         return out
@@ -155,7 +155,7 @@ class CallService:
                         command_index=ev.command_index,
                         output=[ev.result.to_wire()],
                     )
-            cited = self.files.changed_since(cid, started_ns)
+            cited = await self.files.changed_since(cid, started_ns)
         out = shell_call_output_item(call_id, results, request.max_output_length, item_id=item_id)
         out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         yield event("response.output_item.done", output_index=0, item=out)
@@ -201,7 +201,7 @@ class CallService:
             )
             async with self.containers.activity(principal, cid):
                 [result] = await self.containers.runtime.run(cid, request)
-                self.files.sync(cid)
+                await self.files.sync(cid)
             text = result.stdout + result.stderr
             if result.outcome.type == "timeout":
                 text += "Command timed out.\n"

@@ -187,7 +187,13 @@ class Entry:
 
 
 def scan(root: Path, limit: int = MAX_SCAN_ENTRIES) -> list[Entry]:
-    """Regular files under ``root`` (no symlinks followed, hidden upload temps skipped).
+    """Regular files under ``root``; see ``scan_counted``."""
+    return scan_counted(root, limit)[0]
+
+
+def scan_counted(root: Path, limit: int = MAX_SCAN_ENTRIES) -> tuple[list[Entry], int]:
+    """Regular files under ``root`` (no symlinks followed, hidden upload temps skipped), and
+    how many directory entries were looked at (what the scan cost).
 
     Depth first, one directory open per level: a sandbox with thousands of directories costs
     at most ``MAX_SCAN_DEPTH`` file descriptors, never one per directory. Entries that vanish
@@ -197,13 +203,13 @@ def scan(root: Path, limit: int = MAX_SCAN_ENTRIES) -> list[Entry]:
     try:
         top = os.open(root, _DIR_FLAGS)
     except FileNotFoundError:
-        return out
+        return out, 0
     budget = [limit]
     try:
         _scan_dir(top, "", 0, out, budget)
     finally:
         os.close(top)
-    return out
+    return out, limit - max(budget[0], 0)
 
 
 def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[int]) -> None:

@@ -285,5 +285,5 @@ class PatchService:
         call_id = item.get("call_id") or item.get("id") or new_id("call_")
         async with self.containers.activity(principal, cid):
             completed, output = apply_operations(self.containers.data_dir(cid), ops)
-            self.files.sync(cid)
+            await self.files.sync(cid)
         return apply_patch_output(str(call_id), completed, output)

@@ -43,3 +43,14 @@ def test_the_entry_budget_bounds_the_scan(tmp_path: Path) -> None:
     for i in range(50):
         (tmp_path / f"f{i}").write_text("x")
     assert len(fs.scan(tmp_path, limit=10)) == 10
+
+
+def test_scan_counted_reports_what_the_scan_looked_at(tmp_path: Path) -> None:
+    for i in range(3):
+        d = tmp_path / f"d{i}"
+        d.mkdir()
+        for j in range(4):
+            (d / f"f{j}").write_text("x")
+    files, looked_at = fs.scan_counted(tmp_path)
+    assert (len(files), looked_at) == (12, 15)
+    assert fs.scan_counted(tmp_path / "missing") == ([], 0)

@@ -156,7 +156,7 @@ async def create_container_file(
 async def list_container_files(
     container_id: str, principal: PrincipalDep, services: ServicesDep, paging: PagingDep
 ) -> Any:
-    records, has_more = services.files.list_container_files(
+    records, has_more = await services.files.list_container_files(
         principal, container_id, after=paging.after, limit=paging.limit, order=paging.order
     )
     return JSONResponse(schemas.page([schemas.container_file(r) for r in records], has_more))

@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -521,9 +521,5 @@ class ContainerService:
             elif record.status == "sleeping" and await self.runtime.state(record.id) != "absent":
                 await self.runtime.stop(record.id)
 
-    def data_dir(self, cid: str) -> Any:
+    def data_dir(self, cid: str) -> Path:
         return self.runtime.data_dir(cid)
-
-
-def remove_tree(path: Any) -> None:
-    shutil.rmtree(path, ignore_errors=True)

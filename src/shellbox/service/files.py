@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -31,14 +31,6 @@ from shellbox.store.tables import container_files, files
 # runs on the event loop (~1.5 ms at most), beyond it in a worker thread (FileService.sync).
 INLINE_SCAN_ENTRIES = 500
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
-
-
-class UploadStream:
-    """An upload's bytes, counted against the size cap while they arrive."""
-
-    def __init__(self, chunks: AsyncIterator[bytes] | Iterator[bytes], cap: int) -> None:
-        self.chunks = chunks
-        self.cap = cap
 
 
 def _check_size(size: int, cap: int) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from bench_server import wait_healthy
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
 from shellbox.settings import Settings
@@ -97,16 +98,7 @@ class Server:
             env=self.env,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start: {(self.dir / 'server.log').read_text()}")
-            time.sleep(0.05)
+        wait_healthy(self.url, self.proc, self.dir / "server.log")
 
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.key}"}

@@ -39,6 +39,8 @@ from typing import Any
 
 import httpx
 
+from bench_server import wait_healthy
+
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
 RESULTS = Path(__file__).resolve().parent / "results" / "responses.json"
@@ -136,16 +138,7 @@ class Server:
             env=env,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start: {(self.dir / 'server.log').read_text()}")
-            time.sleep(0.05)
+        wait_healthy(self.url, self.proc, self.dir / "server.log")
 
     def stop(self) -> None:
         from shellbox.sandbox import OciRuntime

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import openai
 from api_helpers import error_of, host_pids, local_shell, shell, wait_until
 
 
@@ -80,6 +82,29 @@ def test_citation_of_file_with_preserved_old_mtime(http: httpx.Client, cid: str)
     """``touch -d``, ``cp -p`` and ``tar x`` keep old times; the file is still new to the call."""
     item = shell(http, cid, "echo a > a.txt && touch -d '2001-01-01' a.txt")
     assert [f["filename"] for f in item["files"]] == ["a.txt"]
+
+
+def files_of(client: openai.OpenAI, cid: str) -> set[str]:
+    return {f.path for f in client.containers.files.list(cid)}
+
+
+def test_a_call_cites_only_what_changed_during_it(
+    client: openai.OpenAI, http: httpx.Client, cid: str
+) -> None:
+    """File times cannot say what a call changed: a file written by the previous call may
+    carry a time later than this call's start (fine-grained kernel stamps, or ``touch -d``
+    into the future), and one a concurrent listing indexed mid-call is still this call's."""
+    shell(http, cid, "echo f > future.txt && touch -d '+1 hour' future.txt")
+    assert shell(http, cid, "true")["files"] == []
+    for _ in range(20):  # back to back, as a tool loop issues them
+        assert shell(http, cid, "seq 3 > n.txt")["files"] != []
+        assert shell(http, cid, "cat n.txt")["files"] == []
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(shell, http, cid, "echo slow > slow.txt; sleep 1")
+        listed = wait_until(lambda: "/mnt/data/slow.txt" in files_of(client, cid), 0.9, 0.05)
+        assert listed and not slow.done()
+        item = slow.result()
+    assert [f["filename"] for f in item["files"]] == ["slow.txt"]
 
 
 def test_commands_count_and_validation(http: httpx.Client, cid: str) -> None:

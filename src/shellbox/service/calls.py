@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,15 +21,6 @@ from shellbox.service.models import ContainerFileRecord, Principal
 from shellbox.service.shell import ShellLimits, shell_call_output_item
 
 MAX_CITED_FILES = 10
-# The clock the kernel stamps file times from (coarse, up to a tick behind time.time_ns()):
-# a file written after a call started has an mtime later than this clock read at the start.
-CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # 5 on Linux
-
-
-def file_clock_ns() -> int:
-    return time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
-
-
 SANDBOX_USERS = ("user", "1000", "sandbox")
 
 ItemHandler = Callable[[Principal, str, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -100,9 +90,9 @@ class CallService:
         request = self.shell_request(item)
         call_id = self.call_id(item)
         async with self.containers.activity(principal, cid):
-            started_ns = file_clock_ns()
+            mark = self.files.change_mark()
             results = await self.containers.runtime.run(cid, request)
-            cited = await self.files.changed_since(cid, started_ns)
+            cited = await self.files.changed_since(cid, mark)
         out = shell_call_output_item(call_id, results, request.max_output_length)
         out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         return out
@@ -123,7 +113,7 @@ class CallService:
 
         results: list[CommandResult] = []
         async with self.containers.activity(principal, cid):
-            started_ns = file_clock_ns()
+            mark = self.files.change_mark()
             yield event(
                 "response.output_item.added",
                 output_index=0,
@@ -155,7 +145,7 @@ class CallService:
                         command_index=ev.command_index,
                         output=[ev.result.to_wire()],
                     )
-            cited = await self.files.changed_since(cid, started_ns)
+            cited = await self.files.changed_since(cid, mark)
         out = shell_call_output_item(call_id, results, request.max_output_length, item_id=item_id)
         out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]
         yield event("response.output_item.done", output_index=0, item=out)

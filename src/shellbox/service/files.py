@@ -51,6 +51,12 @@ class FileService:
         self._known: dict[str, dict[str, ContainerFileRecord]] = {}
         self._scan_cost: dict[str, int] = {}  # container -> entries its last scan looked at
         self._scan_locks: dict[str, asyncio.Lock] = {}
+        # Every change the index records gets the next number of this counter; a call cites
+        # the files whose number is past the mark taken when it started. File times cannot do
+        # this: the kernel stamps some writes from a coarse clock and some from a fine one, so
+        # a file written just before a call can look newer than the call's start.
+        self._change_seq = 0
+        self._changed_at: dict[str, dict[str, int]] = {}  # container -> path -> change number
 
     # -- Files API --------------------------------------------------------------------------
 
@@ -246,6 +252,8 @@ class FileService:
                     .values(bytes=size, mtime_ns=mtime_ns, source=record.source)
                 )
         known[rel] = record
+        self._change_seq += 1
+        self._changed_at.setdefault(cid, {})[rel] = self._change_seq
         return record
 
     async def sync(self, cid: str) -> list[ContainerFileRecord]:
@@ -277,8 +285,10 @@ class FileService:
                         container_files.c.id.in_([known[p].id for p in gone])
                     )
                 )
+            stamps = self._changed_at.get(cid, {})
             for p in gone:
                 del known[p]
+                stamps.pop(p, None)
         changed = []
         for path, entry in entries.items():
             old = known.get(path)
@@ -288,19 +298,24 @@ class FileService:
                 )
         return changed
 
-    async def changed_since(self, cid: str, since_ns: int) -> list[ContainerFileRecord]:
-        """Files under /mnt/data created or changed since ``since_ns`` (file clock), newest
-        first: what this sync finds changed (even with an old mtime, as ``cp -p`` or ``tar x``
-        leave), plus what a concurrent sync already indexed with a later mtime."""
-        found = {f.id: f for f in await self.sync(cid)}
-        for f in self._known_files(cid).values():
-            if f.mtime_ns > since_ns:
-                found.setdefault(f.id, f)
-        return sorted(found.values(), key=lambda f: (f.mtime_ns, f.id), reverse=True)
+    def change_mark(self) -> int:
+        """A mark for ``changed_since``: changes recorded after this call are past it."""
+        return self._change_seq
+
+    async def changed_since(self, cid: str, mark: int) -> list[ContainerFileRecord]:
+        """Files under /mnt/data the index saw created or changed after ``mark`` (from
+        ``change_mark``), newest first: what this sync finds changed (even with an old mtime,
+        as ``cp -p`` or ``tar x`` leave), plus what a concurrent sync already indexed."""
+        await self.sync(cid)
+        stamps = self._changed_at.get(cid, {})
+        known = self._known_files(cid)
+        found = [known[p] for p, seq in stamps.items() if seq > mark and p in known]
+        return sorted(found, key=lambda f: (f.mtime_ns, f.id), reverse=True)
 
     async def forget(self, record: ContainerRecord) -> None:
         """A container ended (expired or deleted): its files are gone, and so is their index."""
         self._known.pop(record.id, None)
+        self._changed_at.pop(record.id, None)
         self._scan_cost.pop(record.id, None)
         self._scan_locks.pop(record.id, None)
         with self.db.begin() as conn:
@@ -350,6 +365,7 @@ class FileService:
         known = self._known.get(cid)
         if known is not None:
             known.pop(record.path, None)
+        self._changed_at.get(cid, {}).pop(record.path, None)
         self.containers.touch(cid)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,14 @@ def test_export_archive_has_relative_members_and_honours_excludes(
     with tarfile.open(fileobj=io.BytesIO(r.content)) as tf:
         assert sorted(m.name for m in tf.getmembers() if m.isfile()) == ["./b.py"]
     assert ".shellbox" not in sh(http, cid, "ls -a")[0]["stdout"]
+    # Exporting leaves the tree as it was, directory times included (SDK sandboxes fingerprint
+    # the workspace with tar to decide whether a resumed container needs restoring).
+    stat = "stat -c '%y %n' /mnt/data /mnt/data/src"
+    before = sh(http, cid, stat)[0]["stdout"]
+    time.sleep(0.05)
+    for params in ({}, {"path": "src"}):
+        assert http.get(f"/v1/containers/{cid}/workspace/archive", params=params).is_success
+    assert sh(http, cid, stat)[0]["stdout"] == before
     r = http.get(f"/v1/containers/{cid}/workspace/archive", params={"path": "nope"})
     assert r.status_code == 404, r.text
     r = http.get(f"/v1/containers/{cid}/workspace/archive", params={"exclude": ["../x"]})

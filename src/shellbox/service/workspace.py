@@ -11,6 +11,7 @@ the sandbox user can already do inside its own container.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import PurePosixPath
@@ -170,6 +171,11 @@ class WorkspaceService:
             ]
         )
         root = self.containers.data_dir(cid)
+        # Exporting must not change the tree: SDK sandboxes fingerprint the workspace (with
+        # the directory times tar records) to decide whether a resumed container still holds
+        # what was persisted, and the temporary archive's create and delete move /mnt/data's
+        # mtime. Put it back. (root is the host's directory, never a sandbox-made symlink.)
+        before = os.stat(root)
         try:
             result = await self._run(principal, cid, command)
             _check_tar(result, rel_dir, creating=True)
@@ -177,6 +183,8 @@ class WorkspaceService:
         finally:
             with contextlib.suppress(FileNotFound, InvalidRequest, OSError):
                 fs.delete(root, tmp)  # an open fd keeps the data readable until it is closed
+            with contextlib.suppress(OSError):
+                os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
         return fs.read_chunks(fd)
 
     async def import_archive(

@@ -2,7 +2,7 @@
 
 One allowlist container per module (``api.example.test`` with a secret, ``other.example.test``,
 and ``*.files.example.test``); every check runs real tools in it (curl, python3, pip's
-requests, git). The image has no node, so node is not exercised here.
+requests, git, node).
 """
 
 from __future__ import annotations
@@ -85,6 +85,51 @@ def test_allowed_host_with_curl_python_requests_and_git(
     paths = [s["path"] for s in upstream.seen()]
     assert any(p.startswith("/repo.git/info/refs") for p in paths), paths
     assert {"/echo", "/echo?q=1"} <= set(paths)
+
+
+NODE_SCRIPT = r"""
+const https = require("node:https");
+const get = (url, headers) => new Promise((resolve, reject) => {
+  https.get(url, { headers }, (res) => {
+    let body = "";
+    res.on("data", (c) => (body += c));
+    res.on("end", () => resolve(JSON.parse(body)));
+  }).on("error", reject);
+});
+(async () => {
+  const viaHttps = await get("https://api.example.test/echo?via=node-https",
+                             { authorization: `Bearer ${process.env.API_KEY}` });
+  const viaFetch = await (await fetch("http://other.example.test/echo?via=node-fetch")).json();
+  const tlsFetch = await (await fetch("https://other.example.test/echo?via=node-fetch-tls")).json();
+  let refused = "not refused";
+  try { await fetch("https://blocked.example.test/"); } catch (e) { refused = String(e.cause); }
+  let local = "reached";  // NO_PROXY: loopback is not sent to the proxy
+  try { await fetch("http://localhost:8999/"); } catch (e) { local = String(e.cause && (e.cause.code || e.cause)); }
+  console.log(JSON.stringify({ https: viaHttps.tls, fetch: viaFetch.host,
+                               fetchTls: tlsFetch.tls, refused, local }));
+})();
+"""
+
+
+def test_node_https_and_fetch_go_through_the_proxy(
+    egress: EgressServer, box: str, upstream: Upstream
+) -> None:
+    """node 18 ignores the proxy variables; the preload shellbox gives it routes https and
+    fetch through the proxy, so scripts work unchanged and the policy and secrets apply."""
+    upstream.clear()
+    with egress.http as http:
+        result = out1(http, box, f"node -e '{NODE_SCRIPT}'")
+        placeholder = out1(http, box, 'printf %s "$API_KEY"')["stdout"]
+    assert result["stderr"] == "", result
+    out = json.loads(result["stdout"])
+    assert out["https"] is True and out["fetch"] == "other.example.test", out
+    assert out["fetchTls"] is True, out
+    assert "blocked.example.test" in out["refused"] and "403" in out["refused"], out
+    assert out["local"] == "ECONNREFUSED", out
+    seen = {s["path"]: s["headers"] for s in upstream.seen()}
+    assert seen["/echo?via=node-https"]["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in result["stdout"] and placeholder.startswith("shellbox-secret-")
+    assert {"/echo?via=node-fetch", "/echo?via=node-fetch-tls"} <= set(seen)
 
 
 def test_glob_entry_allows_subdomains(egress: EgressServer) -> None:

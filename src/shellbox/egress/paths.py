@@ -6,6 +6,7 @@ hold the CA and the proxy's address):
     ca/               mitmproxy's confdir: the CA key and certificate (0700, root only)
     egress-ca.crt     the CA certificate alone, mounted into containers (NODE_EXTRA_CA_CERTS)
     ca-bundle.crt     the image's system bundle + our CA, mounted over the container's one
+    node-proxy.cjs    node's preload that routes http, https and fetch through the proxy
     upstream-ca.pem   this host's system bundle + ``egress.upstream_ca``: what upstream TLS
                       is verified against
     proxy_port        the proxy's port, chosen once
@@ -28,6 +29,7 @@ READY_FILE = "ready"  # must match addon.py
 # Inside the container.
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_IN_CONTAINER = "/usr/local/share/ca-certificates/shellbox-egress.crt"
+NODE_PRELOAD_IN_CONTAINER = "/usr/local/lib/shellbox/node-proxy.cjs"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class EgressPaths:
     @property
     def ca_bundle(self) -> Path:
         return self.state / "ca-bundle.crt"
+
+    @property
+    def node_preload(self) -> Path:
+        return self.state / "node-proxy.cjs"
 
     @property
     def upstream_bundle(self) -> Path:

@@ -35,7 +35,7 @@ RESERVED_NAMES = frozenset(
         "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
         "http_proxy", "https_proxy", "no_proxy", "all_proxy",
         "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "PIP_CERT",
-        "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
+        "NODE_EXTRA_CA_CERTS", "NODE_OPTIONS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
         "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONDONTWRITEBYTECODE",
     }
 )  # fmt: skip

@@ -32,7 +32,13 @@ from sqlalchemy import delete, insert, select
 from shellbox.egress import policy as pol
 from shellbox.egress.audit import AuditTail, event_object
 from shellbox.egress.netns import NetnsPool, Slot
-from shellbox.egress.paths import CA_IN_CONTAINER, SYSTEM_BUNDLE, EgressPaths, write_atomic
+from shellbox.egress.paths import (
+    CA_IN_CONTAINER,
+    NODE_PRELOAD_IN_CONTAINER,
+    SYSTEM_BUNDLE,
+    EgressPaths,
+    write_atomic,
+)
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
@@ -48,6 +54,7 @@ log = logging.getLogger("shellbox.egress")
 
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 NO_PROXY = "localhost,127.0.0.1,::1"
+NODE_PRELOAD = Path(__file__).with_name("node_proxy.cjs")
 PLACEHOLDER_PREFIX = "shellbox-secret-"
 AUDIT_INTERVAL_S = 0.5
 
@@ -184,6 +191,7 @@ class EgressService:
             parts += [Path(c).read_bytes() for c in self.settings.upstream_ca]
         write_atomic(self.paths.ca_cert, ca, 0o644)
         write_atomic(self.paths.ca_bundle, b"\n".join(p.strip() for p in parts) + b"\n", 0o644)
+        write_atomic(self.paths.node_preload, NODE_PRELOAD.read_bytes(), 0o644)
 
     async def _tail_forever(self) -> None:
         while True:
@@ -282,6 +290,7 @@ class EgressService:
         prov.env.update(placeholders)
         prov.mounts.append(Mount(self.paths.ca_bundle, SYSTEM_BUNDLE))
         prov.mounts.append(Mount(self.paths.ca_cert, CA_IN_CONTAINER))
+        prov.mounts.append(Mount(self.paths.node_preload, NODE_PRELOAD_IN_CONTAINER))
 
     def _env(self, slot: Slot) -> dict[str, str]:
         proxy = f"http://{slot.host_ip}:{self.port}"
@@ -292,6 +301,8 @@ class EgressService:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"):
             env[name] = SYSTEM_BUNDLE
         env["NODE_EXTRA_CA_CERTS"] = CA_IN_CONTAINER
+        # node 18 has no proxy support of its own: a preload routes http, https and fetch
+        env["NODE_OPTIONS"] = f"--require {NODE_PRELOAD_IN_CONTAINER}"
         return env
 
     async def before_start(self, record: ContainerRecord) -> None:

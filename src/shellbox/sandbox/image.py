@@ -56,9 +56,10 @@ BASE_PACKAGES = (
     "bzip2",
     "iproute2",
     "netbase",
+    # OpenAI's hosted shell has Node.js in its default image, and agents reach for it.
+    "nodejs",
 )
 FULL_PACKAGES = (
-    "nodejs",
     "npm",
     "openjdk-17-jdk-headless",
     "php8.2-cli",

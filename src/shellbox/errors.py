@@ -17,6 +17,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
         └── AgentUnavailable
+            └── AgentNotReachable: nothing was sent (the sandbox is down)
 """
 
 from __future__ import annotations
@@ -140,3 +141,8 @@ class ImageBuildError(SandboxError):
 
 class AgentUnavailable(SandboxError):
     code = ErrorCode.agent_unavailable
+
+
+class AgentNotReachable(AgentUnavailable):
+    """The agent's socket refused the connection: no request reached the sandbox, so it is
+    safe to start the container again and send the request once more."""

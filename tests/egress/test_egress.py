@@ -104,7 +104,7 @@ const get = (url, headers) => new Promise((resolve, reject) => {
   let refused = "not refused";
   try { await fetch("https://blocked.example.test/"); } catch (e) { refused = String(e.cause); }
   let local = "reached";  // NO_PROXY: loopback is not sent to the proxy
-  try { await fetch("http://localhost:8999/"); } catch (e) { local = String(e.cause && (e.cause.code || e.cause)); }
+  try { await fetch("http://localhost:8999/"); } catch (e) { local = String(e.cause.code); }
   console.log(JSON.stringify({ https: viaHttps.tls, fetch: viaFetch.host,
                                fetchTls: tlsFetch.tls, refused, local }));
 })();

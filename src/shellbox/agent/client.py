@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shellbox.agent import protocol
-from shellbox.errors import AgentUnavailable, InvalidRequest, SandboxError
+from shellbox.errors import AgentNotReachable, AgentUnavailable, InvalidRequest, SandboxError
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -36,7 +36,7 @@ async def _connect(socket_path: Path) -> tuple[asyncio.StreamReader, asyncio.Str
         return await asyncio.open_unix_connection(str(socket_path), limit=STREAM_LIMIT)
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         msg = f"the sandbox agent is not reachable at {socket_path}: {exc.strerror}"
-        raise AgentUnavailable(msg) from None
+        raise AgentNotReachable(msg) from None
 
 
 async def _connect_raw(socket_path: Path) -> socket.socket:
@@ -48,7 +48,7 @@ async def _connect_raw(socket_path: Path) -> socket.socket:
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         sock.close()
         msg = f"the sandbox agent is not reachable at {socket_path}: {exc.strerror}"
-        raise AgentUnavailable(msg) from None
+        raise AgentNotReachable(msg) from None
     except BaseException:
         sock.close()
         raise

@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import py_compile
 import shutil
@@ -58,7 +59,7 @@ from typing import Any, Literal
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
-from shellbox.errors import AgentUnavailable, ContainerNotFound, SandboxError
+from shellbox.errors import AgentNotReachable, AgentUnavailable, ContainerNotFound, SandboxError
 from shellbox.sandbox import hostns, oci
 from shellbox.sandbox.base import (
     CommandFinished,
@@ -74,6 +75,7 @@ from shellbox.sandbox.base import (
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
 
+log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
@@ -489,10 +491,21 @@ class OciRuntime:
             if state == "absent" and not (self.container_dir(container_id) / "spec.json").exists():
                 msg = f"no such container: {container_id}"
                 raise ContainerNotFound(msg)
+        env = self.container_env(container_id)
         try:
-            env = self.container_env(container_id)
-            async for event in agent_client.exec_stream(sock, request, base_env=env):
-                yield event
+            try:
+                async for event in agent_client.exec_stream(sock, request, base_env=env):
+                    yield event
+            except AgentNotReachable:
+                if await self.state(container_id) == "running":
+                    raise
+                # The sandbox died under the server (its PID 1 was killed: an operator, the
+                # host's OOM killer). Nothing of this request ran: start it again from its
+                # disk, as a restart of the server would, and send the request once more.
+                log.warning("sandbox %s was down; starting it again", container_id)
+                await self.start(container_id)
+                async for event in agent_client.exec_stream(sock, request, base_env=env):
+                    yield event
         except AgentUnavailable:
             if await self.state(container_id) != "running":
                 raise

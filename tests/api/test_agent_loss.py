@@ -1,0 +1,47 @@
+"""A container whose sandbox died under the server (its PID 1, the agent, was killed from the
+host: an operator's kill, the host OOM killer) is started again from its disk on the next
+call, instead of failing every call until the server restarts."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import httpx
+from api_helpers import host_pids, shell, wait_until
+
+
+def container_init_pid(pid: int) -> int:
+    """The host pid of the PID 1 of the pid namespace that ``pid`` (a host pid) lives in."""
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields["NSpid"].split()[-1] == "1":
+            return pid
+        pid = int(fields["PPid"])
+
+
+def kill_sandbox(http: httpx.Client, cid: str) -> None:
+    """Kill the container's PID 1 from the host; a background process dies with it."""
+    marker = f"sleep {900_000 + secrets.randbelow(99_999)}"
+    shell(http, cid, f"({marker} &)")
+    assert wait_until(lambda: len(host_pids(marker)) == 1, 5)
+    os.kill(container_init_pid(host_pids(marker)[0]), signal.SIGKILL)
+    assert wait_until(lambda: not host_pids(marker), 5)
+
+
+def test_a_killed_sandbox_is_restarted_with_its_files(http: httpx.Client, cid: str) -> None:
+    shell(http, cid, "echo kept > kept.txt")
+    kill_sandbox(http, cid)
+    [out] = shell(http, cid, "cat kept.txt")["output"]
+    assert out["stdout"] == "kept\n" and out["outcome"] == {"type": "exit", "exit_code": 0}
+    assert http.get(f"/v1/containers/{cid}").json()["status"] == "running"
+
+    kill_sandbox(http, cid)  # the streamed form starts it again too
+    body = {"type": "shell_call", "action": {"commands": ["cat kept.txt"]}}
+    with http.stream("POST", f"/v1/containers/{cid}/calls?stream=true", json=body) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+    assert "response.output_item.done" in text and "kept" in text, text

@@ -59,6 +59,9 @@ class LifecycleSettings(_Section):
         description="seconds in one expires_after minute; lower it only to expire containers "
         "within seconds in tests (the API's smallest expiry is 1 minute)",
     )
+    files_purge_interval_s: float = Field(
+        60, ge=0, description="how often expired Files API files are deleted from disk"
+    )
 
 
 class ServerSettings(_Section):

@@ -70,6 +70,7 @@ class Provisioned:
 ProvisionHook = Callable[[Principal, CreateContainer, str, Provisioned], Coroutine[Any, Any, None]]
 ReleaseHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 StartHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
+ReapHook = Callable[[], Coroutine[Any, Any, None]]
 
 
 class ContainerService:
@@ -80,6 +81,7 @@ class ContainerService:
         self.provision_hooks: list[ProvisionHook] = []
         self.release_hooks: list[ReleaseHook] = []
         self.before_start_hooks: list[StartHook] = []
+        self.reap_hooks: list[ReapHook] = []  # other housekeeping, on every reaper round
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
         # Live containers this server has used, by id: the hot path (every call) checks and
@@ -476,6 +478,11 @@ class ContainerService:
                         self._set_status(record.id, "sleeping")
             except Exception:
                 log.exception("reaper failed on container %s", record.id)
+        for hook in self.reap_hooks:
+            try:
+                await hook()
+            except Exception:
+                log.exception("reaper hook %s failed", getattr(hook, "__qualname__", hook))
 
     async def _reap_forever(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -29,7 +30,9 @@ from shellbox.store.tables import container_files, files
 
 # A scan costs about 3 us per directory entry here (2 000 entries: 6 ms). Up to this many it
 # runs on the event loop (~1.5 ms at most), beyond it in a worker thread (FileService.sync).
+log = logging.getLogger("shellbox.files")
 INLINE_SCAN_ENTRIES = 500
+STALE_UPLOAD_S = 3600  # a temporary upload file untouched this long was left by a crash
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 
 
@@ -48,6 +51,8 @@ class FileService:
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         containers.copy_files = self.copy_into_container
         containers.release_hooks.append(self.forget)
+        containers.reap_hooks.append(self.purge_expired)
+        self._next_purge = 0.0
         self._known: dict[str, dict[str, ContainerFileRecord]] = {}
         self._scan_cost: dict[str, int] = {}  # container -> entries its last scan looked at
         self._scan_locks: dict[str, asyncio.Lock] = {}
@@ -143,6 +148,36 @@ class FileService:
         with self.db.begin() as conn:
             conn.execute(delete(files).where(files.c.id == file_id))
         self._blob(file_id).unlink(missing_ok=True)
+
+    async def purge_expired(self) -> None:
+        """Delete Files API files past their ``expires_after`` (rows and bytes), and uploads
+        a crash left half-written; a reaper hook, at most once per files_purge_interval_s."""
+        now = time.time()
+        if now < self._next_purge:
+            return
+        self._next_purge = now + self.settings.lifecycle.files_purge_interval_s
+        with self.db.begin() as conn:
+            ids = list(
+                conn.scalars(
+                    select(files.c.id).where(
+                        files.c.expires_at.is_not(None), files.c.expires_at <= int(now)
+                    )
+                )
+            )
+            if ids:
+                conn.execute(delete(files).where(files.c.id.in_(ids)))
+
+        def unlink() -> None:
+            for fid in ids:
+                self._blob(fid).unlink(missing_ok=True)
+            for tmp in self.blob_dir.glob(".upload-*"):
+                with contextlib.suppress(OSError):
+                    if tmp.stat().st_mtime < now - STALE_UPLOAD_S:
+                        tmp.unlink()
+
+        await anyio.to_thread.run_sync(unlink)
+        if ids:
+            log.info("deleted %d expired files", len(ids))
 
     # -- container files --------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ own, with a test CA), from a real ``shellbox serve`` subprocess:
 * 100 MB HTTPS download with curl: throughput through the proxy versus direct, with the
   default ``egress.intercept = all`` and with ``secrets`` (hosts without a secret tunnelled).
 * Creating a container (POST /v1/containers, p50) with an allowlist versus without: with the
-  server's warm pool of started containers (which only policy-less creations can use), and
-  without it (what the egress plumbing itself adds).
+  server's warm pools of started containers (one for each kind, ``lifecycle.warm_pool_size``
+  and ``egress.warm_containers``), and without them (what the egress plumbing itself adds).
 
 Targets: added latency per request <= 2 ms p50; download >= 70 % of direct; create with an
 allowlist <= 15 ms slower than without.
@@ -275,11 +275,12 @@ def main() -> int:
             result["container_create"] = creates(server, args.creates, args.pause)
         finally:
             server.stop()
-        # egress.intercept = secrets (hosts without a secret are tunnelled), and no warm pool
+        # egress.intercept = secrets (hosts without a secret are tunnelled), and no warm pools
         # of started containers: what the namespace plumbing alone adds to a creation
         server = Server(
             d / "state2", d,
             SHELLBOX_EGRESS__INTERCEPT="secrets", SHELLBOX_LIFECYCLE__WARM_POOL_SIZE="0",
+            SHELLBOX_EGRESS__WARM_CONTAINERS="0",
         )  # fmt: skip
         try:
             cid, _ = server.create(allow)

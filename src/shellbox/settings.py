@@ -99,6 +99,13 @@ class EgressSettings(_Section):
         False, description="start the proxy at boot (default: with the first allowlist container)"
     )
     pool_size: int = Field(4, ge=0, le=256, description="warm network namespaces kept ready")
+    warm_containers: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="started containers kept ready in their own egress namespace, once the "
+        "proxy runs, so that creating an allowlist container costs no container start (0: off)",
+    )
     subnet: str = Field("10.200.0.0/16", description="IPv4 range carved into /30s for sandboxes")
     python: Path | None = Field(
         None, description="the proxy's Python (mitmproxy 11); default: .venv-egress/bin/python"

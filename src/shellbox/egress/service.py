@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import secrets as random
@@ -42,9 +43,10 @@ from shellbox.egress.paths import (
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
-from shellbox.sandbox import Mount
+from shellbox.sandbox import ContainerSpec, Mount
 from shellbox.service.containers import CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
+from shellbox.service.warm_pool import WarmPool
 from shellbox.store.tables import containers, metadata
 
 if TYPE_CHECKING:
@@ -91,6 +93,16 @@ class EgressService:
         self._started = False
         self._start_lock = asyncio.Lock()
         self._tail_task: asyncio.Task[None] | None = None
+        # Containers started ahead of time in a namespace of their own, for allowlist
+        # creations (the policy is given to the proxy when one is taken): container -> slot.
+        self._pooled_slots: dict[str, Slot] = {}
+        self.warm = WarmPool(
+            self.runtime,
+            self._pooled_spec,
+            self.settings.warm_containers,
+            release=self._release_pooled,
+            enabled=lambda: self._started,
+        )
 
     @property
     def available(self) -> bool:
@@ -144,6 +156,7 @@ class EgressService:
             self.pool = pool
             self._tail_task = asyncio.create_task(self._tail_forever(), name="egress-audit")
             self._started = True
+            self.warm.refill()
             log.info("egress proxy listening on port %d", self.port)
 
     async def close(self) -> None:
@@ -263,7 +276,7 @@ class EgressService:
             raise InvalidRequest(msg, param="network_policy")
         await self.ensure_started()
         assert self.pool is not None
-        slot = await self.pool.acquire()
+        slot = self._pooled_slots.pop(cid, None) or await self.pool.acquire()
         try:
             with self.db.begin() as conn:
                 conn.execute(
@@ -288,9 +301,32 @@ class EgressService:
         prov.netns_path = slot.netns_path
         prov.env.update(self._env(slot))
         prov.env.update(placeholders)
-        prov.mounts.append(Mount(self.paths.ca_bundle, SYSTEM_BUNDLE))
-        prov.mounts.append(Mount(self.paths.ca_cert, CA_IN_CONTAINER))
-        prov.mounts.append(Mount(self.paths.node_preload, NODE_PRELOAD_IN_CONTAINER))
+        prov.mounts.extend(self._mounts())
+
+    def _mounts(self) -> list[Mount]:
+        return [
+            Mount(self.paths.ca_bundle, SYSTEM_BUNDLE),
+            Mount(self.paths.ca_cert, CA_IN_CONTAINER),
+            Mount(self.paths.node_preload, NODE_PRELOAD_IN_CONTAINER),
+        ]
+
+    async def _pooled_spec(self, cid: str) -> ContainerSpec:
+        """A container for the warm pool: in a namespace of its own, which the proxy knows
+        nothing about until the container is taken (so it reaches nothing before)."""
+        assert self.pool is not None
+        slot = await self.pool.acquire()
+        self._pooled_slots[cid] = slot
+        return dataclasses.replace(
+            self.services.containers.default_spec(cid),
+            env=self._env(slot),
+            mounts=tuple(self._mounts()),
+            netns_path=slot.netns_path,
+        )
+
+    async def _release_pooled(self, cid: str) -> None:
+        slot = self._pooled_slots.pop(cid, None)
+        if slot is not None and self.pool is not None:
+            self.pool.release_soon(slot)
 
     def _env(self, slot: Slot) -> dict[str, str]:
         proxy = f"http://{slot.host_ip}:{self.port}"
@@ -322,6 +358,7 @@ class EgressService:
             self._write_policy()
 
     async def release(self, record: ContainerRecord) -> None:
+        await self._release_pooled(record.id)  # a pooled container whose creation failed
         index = self._slot_of(record.id)
         if index is None:
             return
@@ -373,3 +410,4 @@ def install(services: Services) -> None:
     c.provision_hooks.append(egress.provision)
     c.before_start_hooks.append(egress.before_start)
     c.release_hooks.append(egress.release)
+    c.pools["allowlist"] = egress.warm

@@ -92,7 +92,12 @@ class ContainerService:
         self._dirty: set[str] = set()
         self._creating: dict[str, list[str]] = {}  # project -> memory limits being created
         self._reaper: asyncio.Task[None] | None = None
-        self.pool = WarmPool(runtime, self.default_spec, settings.lifecycle.warm_pool_size)
+        # Started containers kept ready, by the network policy type they serve.
+        self.pools: dict[str, WarmPool] = {
+            "disabled": WarmPool(
+                runtime, self._default_spec_soon, settings.lifecycle.warm_pool_size
+            )
+        }
         # Set by the file service so file_ids are copied in at creation.
         self.copy_files: Callable[[Principal, str, list[str]], Coroutine[Any, Any, None]] | None
         self.copy_files = None
@@ -164,10 +169,11 @@ class ContainerService:
             raise InvalidRequest(msg, param="network_policy.type")
         # A pooled container fits a request that asks for nothing beyond the default spec;
         # whether the hooks add something is only known once they ran, under its id.
+        pool = self.pools.get(policy_type)
         pooled = None
-        if req.memory_limit == DEFAULT_MEMORY and policy_type == "disabled" and not req.skills:
-            pooled = await self.pool.take()
-        cid = pooled or new_id("cntr_")
+        if pool is not None and req.memory_limit == DEFAULT_MEMORY and not req.skills:
+            pooled = await pool.take()
+        cid = pooled.id if pooled is not None else new_id("cntr_")
         prov = Provisioned()
         try:
             for hook in self.provision_hooks:
@@ -208,11 +214,13 @@ class ContainerService:
                 netns_path=prov.netns_path,
                 hosts=prov.hosts,
             )
-            if pooled is not None and spec != self.default_spec(cid):
+            if pooled is not None and not _fits(pooled, spec):
                 await self.runtime.destroy(cid)  # build this one as asked, under the same id
                 pooled = None
             if pooled is None:
                 await self.runtime.create(spec)
+            elif spec.env != pooled.env:
+                await self.runtime.update_spec(spec)  # env applies per command: store it
             with self.db.begin() as conn:
                 conn.execute(
                     insert(containers).values(
@@ -242,8 +250,11 @@ class ContainerService:
         self._live[cid] = dataclasses.replace(record)
         return record
 
+    async def _default_spec_soon(self, cid: str) -> ContainerSpec:
+        return self.default_spec(cid)
+
     def default_spec(self, cid: str) -> ContainerSpec:
-        """The spec of a container created with no options (what the warm pool holds)."""
+        """The spec of a container created with no options (what the default pool holds)."""
         rs = self.settings.runtime
         return ContainerSpec(
             id=cid,
@@ -490,11 +501,12 @@ class ContainerService:
             await self.reap_once()
 
     def start_reaper(self) -> None:
-        """Start the background work: the reaper, and filling the warm pool (after
+        """Start the background work: the reaper, and filling the warm pools (after
         ``recover``, which would take pooled containers for leftovers)."""
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever(), name="shellbox-reaper")
-        self.pool.start()
+        for pool in self.pools.values():
+            pool.start()
 
     async def stop_reaper(self) -> None:
         if self._reaper is not None:
@@ -502,7 +514,8 @@ class ContainerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        await self.pool.close()
+        for pool in self.pools.values():
+            await pool.close()
         self.flush_activity()
 
     async def recover(self) -> None:
@@ -530,3 +543,9 @@ class ContainerService:
 
     def data_dir(self, cid: str) -> Path:
         return self.runtime.data_dir(cid)
+
+
+def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
+    """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
+    which the runtime hands to each command rather than to the container at start."""
+    return dataclasses.replace(pooled, env={}) == dataclasses.replace(wanted, env={})

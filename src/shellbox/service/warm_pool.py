@@ -5,13 +5,16 @@ Starting a sandbox (``crun run``, the overlay mount, the agent's start-up) takes
 on this kind of machine when it is quiet, and several times that under load; the public
 sandbox leaderboards time "create, run echo, read the result", and agents feel it on their
 first call (bench/bench_http.py: 23 ms p50 through HTTP with the pool, 33-40 ms without).
-A pooled container is exactly what a fresh one would be (the default spec, an empty
-``/mnt/data``, nothing run in it yet); it is used only when a creation asks for nothing
-beyond that spec (memory ``1g``, no network allowlist, no skills), otherwise the container
-is built as before.
+A pooled container is exactly what a fresh one would be (its spec, an empty ``/mnt/data``,
+nothing run in it yet); it is used only when a creation asks for nothing beyond that spec,
+otherwise the container is built as before. There is one pool per network policy type:
+``disabled`` (the default spec, ``ContainerService``) and ``allowlist`` (a container already
+in its own egress network namespace, filled by ``egress.service`` once the proxy runs). A
+spec's ``env`` is applied per command, not at start, so a pooled container fits a request
+whose spec differs from the pooled one in ``env`` only.
 
 Pooled containers are not in the database: a restart destroys them as leftovers
-(``ContainerService.recover``) and the pool fills again.
+(``ContainerService.recover``) and the pools fill again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from shellbox.agent import client as agent_client
 from shellbox.errors import AgentUnavailable
@@ -32,23 +35,37 @@ RETRY_AFTER_FAILURE_S = 5.0
 
 class WarmPool:
     def __init__(
-        self, runtime: OciRuntime, spec: Callable[[str], ContainerSpec], size: int
+        self,
+        runtime: OciRuntime,
+        make_spec: Callable[[str], Awaitable[ContainerSpec]],
+        size: int,
+        *,
+        release: Callable[[str], Awaitable[None]] | None = None,
+        enabled: Callable[[], bool] = lambda: True,
     ) -> None:
         self.runtime = runtime
-        self.spec = spec  # the default spec for a container id
+        self.make_spec = make_spec  # the spec of a new pooled container with this id
+        self.release = release  # gives back what make_spec took, for one never handed out
+        self.enabled = enabled  # whether the pool may fill now
         self.size = size
-        self._ready: list[str] = []
+        self._ready: list[ContainerSpec] = []
         self._filler: asyncio.Task[None] | None = None
+        self._started = False
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._ready)
 
     def start(self) -> None:
-        self._refill()
+        """Begin filling (after ``ContainerService.recover``, which would destroy pooled
+        containers as leftovers)."""
+        self._started = True
+        self.refill()
 
-    def _refill(self) -> None:
-        if self.size and not self._closed and (self._filler is None or self._filler.done()):
+    def refill(self) -> None:
+        if not (self.size and self._started and not self._closed and self.enabled()):
+            return
+        if self._filler is None or self._filler.done():
             self._filler = asyncio.create_task(self._fill(), name="shellbox-warm-pool")
 
     async def _fill(self) -> None:
@@ -56,40 +73,45 @@ class WarmPool:
         while not self._closed and len(self._ready) < self.size:
             cid = new_id("cntr_")
             try:
-                await self.runtime.create(self.spec(cid))
+                spec = await self.make_spec(cid)
+                await self.runtime.create(spec)
                 await self.runtime.start(cid)
             except asyncio.CancelledError:  # closing: leave nothing half-made behind
-                with contextlib.suppress(Exception):
-                    await self.runtime.destroy(cid)
+                await self._discard(cid)
                 raise
             except Exception:
                 log.exception("could not start a pooled container; retrying later")
-                with contextlib.suppress(Exception):
-                    await self.runtime.destroy(cid)
+                await self._discard(cid)
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
             if self._closed:
-                await self.runtime.destroy(cid)
+                await self._discard(cid)
                 return
-            self._ready.append(cid)
+            self._ready.append(spec)
 
-    async def take(self) -> str | None:
-        """A started container with the default spec, now the caller's; None if none is ready
-        (the caller then builds one). The pool fills up again in the background."""
+    async def take(self) -> ContainerSpec | None:
+        """A started container (its spec), now the caller's; None if none is ready (the
+        caller then builds one). The pool fills up again in the background."""
         try:
             while self._ready:
-                cid = self._ready.pop(0)
+                spec = self._ready.pop(0)
                 try:
-                    await agent_client.ping(self.runtime.socket_path(cid))
+                    await agent_client.ping(self.runtime.socket_path(spec.id))
                 except (AgentUnavailable, OSError, ValueError):
-                    log.warning("pooled container %s does not answer; dropping it", cid)
-                    with contextlib.suppress(Exception):
-                        await self.runtime.destroy(cid)
+                    log.warning("pooled container %s does not answer; dropping it", spec.id)
+                    await self._discard(spec.id)
                     continue
-                return cid
+                return spec
             return None
         finally:
-            self._refill()
+            self.refill()
+
+    async def _discard(self, cid: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.runtime.destroy(cid)
+        if self.release is not None:
+            with contextlib.suppress(Exception):
+                await self.release(cid)
 
     async def close(self) -> None:
         self._closed = True
@@ -98,6 +120,5 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._filler
         ready, self._ready = self._ready, []
-        for cid in ready:
-            with contextlib.suppress(Exception):
-                await self.runtime.destroy(cid)
+        for spec in ready:
+            await self._discard(spec.id)

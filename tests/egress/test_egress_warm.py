@@ -1,0 +1,69 @@
+"""Creating an allowlist container takes one started ahead of time in an egress namespace of
+its own (``egress.warm_containers``); the proxy learns its policy only then."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from egress_helpers import EgressServer, Upstream, create, owned_namespaces, run
+
+SECRET = "warm-s3cret-value"
+POLICY = {
+    "type": "allowlist",
+    "allowed_domains": ["api.example.test"],
+    "domain_secrets": [{"domain": "api.example.test", "name": "TOKEN", "value": SECRET}],
+}
+
+
+def pooled_allowlist_ids(es: EgressServer) -> set[str]:
+    """Containers the runtime holds in an egress namespace that the API does not list."""
+    on_disk = set()
+    for spec in (es.server.state_dir / "containers").glob("*/spec.json"):
+        if json.loads(spec.read_text()).get("netns_path"):
+            on_disk.add(spec.parent.name)
+    with es.http as http:
+        listed = {c["id"] for c in http.get("/v1/containers", params={"limit": 100}).json()["data"]}
+    return on_disk - listed
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_allowlist_creation_takes_a_pooled_container(
+    egress: EgressServer, upstream: Upstream
+) -> None:
+    with egress.http as http:
+        first = create(http, POLICY)  # the proxy runs from now on; the pool fills
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
+        [pooled] = pooled_allowlist_ids(egress)
+        second = create(http, POLICY)
+        assert second == pooled
+        upstream.clear()
+        token, allowed, refused = run(
+            http,
+            second,
+            'printf %s "$TOKEN"',
+            'curl -sS -m 20 -H "Authorization: Bearer $TOKEN" https://api.example.test/echo',
+            "curl -sS -m 20 -o /dev/null -w '%{http_code}' https://other.example.test/",
+        )
+        assert token["stdout"].startswith("shellbox-secret-"), token
+        assert json.loads(allowed["stdout"])["tls"] is True, allowed
+        assert refused["stdout"] == "000" and "403" in refused["stderr"], refused
+        assert [s["headers"]["authorization"] for s in upstream.seen()] == [f"Bearer {SECRET}"]
+
+        # A refused creation gives its pooled container and namespace back; none leaks.
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
+        before = sorted(owned_namespaces(egress.server))
+        bad = {"type": "allowlist", "allowed_domains": ["https://bad.example.test/"]}
+        r = http.post("/v1/containers", json={"name": "bad", "network_policy": bad})
+        assert r.status_code == 400, r.text
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
+        wait_for(lambda: len(owned_namespaces(egress.server)) == len(before))
+        for cid in (first, second):
+            http.delete(f"/v1/containers/{cid}")

@@ -493,25 +493,25 @@ class OciRuntime:
                 raise ContainerNotFound(msg)
         env = self.container_env(container_id)
         try:
-            try:
-                async for event in agent_client.exec_stream(sock, request, base_env=env):
-                    yield event
-            except AgentNotReachable:
-                if await self.state(container_id) == "running":
-                    raise
-                # The sandbox died under the server (its PID 1 was killed: an operator, the
-                # host's OOM killer). Nothing of this request ran: start it again from its
-                # disk, as a restart of the server would, and send the request once more.
-                log.warning("sandbox %s was down; starting it again", container_id)
-                await self.start(container_id)
-                async for event in agent_client.exec_stream(sock, request, base_env=env):
-                    yield event
-        except AgentUnavailable:
-            if await self.state(container_id) != "running":
-                raise
-            # The agent is gone but the container lives: run through the OCI runtime instead.
-            for index, result in enumerate(await self._exec_fallback(container_id, request)):
-                yield CommandFinished(index, result)
+            async for event in agent_client.exec_stream(sock, request, base_env=env):
+                yield event
+            return
+        except AgentNotReachable:
+            running = await self.state(container_id) == "running"
+        # Nothing of this request reached the sandbox, so it can be sent again. (An agent
+        # lost in the middle of a call raises instead: its commands may have partly run.)
+        if not running:
+            # The sandbox died under the server (its PID 1 was killed: an operator, the
+            # host's OOM killer): start it again from its disk, as a server restart would.
+            log.warning("sandbox %s was down; starting it again", container_id)
+            await self.start(container_id)
+            async for event in agent_client.exec_stream(sock, request, base_env=env):
+                yield event
+            return
+        # The container runs but its agent does not listen: run through the OCI runtime.
+        log.warning("sandbox %s: its agent does not listen; running through exec", container_id)
+        for index, result in enumerate(await self._exec_fallback(container_id, request)):
+            yield CommandFinished(index, result)
 
     def container_env(self, container_id: str) -> dict[str, str]:
         """The clean environment plus the spec's ``env`` (egress proxy variables and the like)."""

@@ -25,7 +25,7 @@ from shellbox.errors import ImageBuildError
 from shellbox.sandbox.oci import HOST_UID_BASE, SANDBOX_UID
 
 Profile = Literal["minimal", "full"]
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 SUITE = "bookworm"
 MIRRORS = (
     "deb http://deb.debian.org/debian bookworm main",
@@ -163,6 +163,9 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         '--aptopt=Acquire::Check-Valid-Until "false"',
         '--aptopt=APT::Install-Recommends "false"',
         *(f"--dpkgopt={e}" for e in EXCLUDES),
+        # Maintainer scripts (openjdk's update-alternatives) link man pages into man1 and fail
+        # when the directory is missing, which excluding /usr/share/man would make it.
+        '--setup-hook=mkdir -p "$1/usr/share/man/man1"',
         SUITE,
         str(rootfs),
         *MIRRORS,
@@ -180,9 +183,9 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
                     if line.startswith(prefix):
                         bar.update(percent, label)
             if proc.wait() != 0:
-                tail = log_path.read_text().splitlines()[-15:]
-                msg = "mmdebstrap failed:\n" + "\n".join(tail)
-                raise ImageBuildError(msg)
+                kept = final.parent / f"{final.name}.failed.log"
+                shutil.copyfile(log_path, kept)
+                raise ImageBuildError(build_failure(log_path.read_text(), kept))
         bar.update(92, "adding the sandbox user")
         _finish_rootfs(rootfs)
         bar.update(95, "shifting ownership into the user namespace")
@@ -199,6 +202,15 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         remove_build_dir(work)
         raise
     return image
+
+
+def build_failure(log: str, kept: Path) -> str:
+    """What went wrong, from mmdebstrap's log: its error lines (dpkg and apt say there which
+    package failed and why), the last lines, and where the whole log was kept."""
+    lines = log.splitlines()
+    errors = [ln for ln in lines if ln.startswith(("E: ", "dpkg: error")) or " error: " in ln]
+    shown = list(dict.fromkeys(errors[:12] + lines[-5:]))
+    return "mmdebstrap failed:\n" + "\n".join(shown) + f"\n(the whole log: {kept})"
 
 
 def remove_build_dir(path: Path) -> None:

@@ -3,6 +3,7 @@ official anthropic SDK against the scripted upstream."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -147,6 +148,33 @@ def test_streamed_message_matches(env: LLMEnv, claude: anthropic.Anthropic) -> N
         return blocks, m.stop_reason, m.usage.model_dump(), m.container is not None
 
     assert blank(final) == blank(plain)
+    assert final.stop_reason == "end_turn"
+
+
+def test_streamed_text_arrives_while_the_model_writes(
+    env: LLMEnv, claude: anthropic.Anthropic
+) -> None:
+    """The upstream holds its last chunk back until the first text delta reaches us."""
+    text = "Anthropic-shaped text, in four pieces."
+    hold = threading.Event()
+    reply = Reply(text=text, pieces=4, hold=hold)
+    env.llm.script(reply)
+    deltas = []
+    with claude.messages.stream(
+        model=MODELS["chat"], max_tokens=100, messages=[{"role": "user", "content": "talk"}]
+    ) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                if not hold.is_set():
+                    assert not reply.finished.is_set(), "the text came after the last chunk"
+                    hold.set()
+                deltas.append(event.delta.text)
+        final = stream.get_final_message()
+    [seen] = env.llm.done()
+    assert seen.body["stream"] is True
+    assert len(deltas) == 4 and "".join(deltas) == text
+    assert [b.type for b in final.content] == ["text"]
+    assert final.content[0].text == text  # type: ignore[union-attr]
     assert final.stop_reason == "end_turn"
 
 

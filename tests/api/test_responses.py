@@ -7,8 +7,9 @@ import base64
 import io
 import json
 import secrets
+import threading
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import openai
@@ -570,14 +571,19 @@ def test_streamed_and_non_streamed_runs_agree(env: LLMEnv, dialect: str) -> None
     kwargs: dict[str, Any] = {"model": MODELS[dialect], "input": "go", "tools": SHELL_AUTO}
     env.llm.script(*stream_script())
     plain = env.client.responses.create(**kwargs)
-    env.llm.done()
+    # Unstreamed, the upstream is asked for whole answers, as it always was.
+    assert all("stream" not in seen.body for seen in env.llm.done())
     assert plain.output[4].output[1].outcome.type == "timeout"
 
     env.llm.script(*stream_script())
     with env.client.responses.stream(**kwargs) as stream:
         events = list(stream)
         final = stream.get_final_response()
-    env.llm.done()
+    # Streamed, every turn is streamed from the upstream (and answered as a stream).
+    for seen in env.llm.done():
+        assert seen.body["stream"] is True
+        if dialect == "chat":
+            assert seen.body["stream_options"] == {"include_usage": True}
     for streamed_item, plain_item in zip(final.output, plain.output, strict=True):
         assert normalized(streamed_item) == normalized(plain_item)
     assert normalized(final) == normalized(plain)
@@ -645,6 +651,135 @@ def test_streamed_and_non_streamed_runs_agree(env: LLMEnv, dialect: str) -> None
         assert name == f"event: {event['type']}"
         adapter.validate_python(event)
     assert len(blocks) == len(events)
+
+
+# -- streaming from the upstream -------------------------------------------------------------
+
+
+def read_releasing(stream: Iterable[Any], reply: Reply) -> list[Any]:
+    """A stream's events. The upstream holds its last event back until the first text delta
+    reaches us, which proves the text was not kept until the upstream's answer was whole."""
+    assert reply.hold is not None
+    events = []
+    for event in stream:
+        if event.type == "response.output_text.delta" and not reply.hold.is_set():
+            assert not reply.finished.is_set(), "the text came after the upstream's last event"
+            reply.hold.set()
+        events.append(event)
+    assert reply.hold.is_set(), "no text delta came"
+    return events
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_text_streams_while_the_upstream_writes_it(env: LLMEnv, dialect: str) -> None:
+    text = "Streaming works: one piece, then another, then the last one."
+    reply = Reply(text=text, pieces=4, usage=(70, 7), hold=threading.Event())
+    env.llm.script(reply)
+    with env.client.responses.stream(model=MODELS[dialect], input="talk") as stream:
+        events = read_releasing(stream, reply)
+        final = stream.get_final_response()
+    env.llm.done()
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) == 4
+    assert "".join(deltas) == text
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert done.text == text
+    assert (final.status, final.output_text) == ("completed", text)
+    assert final.usage is not None
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (70, 7)  # the last chunk's
+
+    env.llm.script(Reply(text=text, usage=(70, 7)))
+    plain = env.client.responses.create(model=MODELS[dialect], input="talk")
+    env.llm.done()
+    assert normalized(final) == normalized(plain)
+    assert normalized(env.client.responses.retrieve(final.id)) == normalized(plain)
+
+
+def test_reasoning_ahead_of_the_text_keeps_its_place(env: LLMEnv) -> None:
+    """The upstream's reasoning item comes before its text: it is shown first, whole, so the
+    text after it still streams, at the index the unstreamed response has it."""
+    reply = Reply(reasoning="Greet them.", text="Hello, reader.", hold=threading.Event())
+    env.llm.script(reply)
+    with env.client.responses.stream(model=MODELS["responses"], input="hi") as stream:
+        events = read_releasing(stream, reply)
+        final = stream.get_final_response()
+    env.llm.done()
+    added = [
+        (e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"
+    ]
+    assert added == [(0, "reasoning"), (1, "message")]
+    assert [e.output_index for e in events if e.type == "response.output_text.delta"] == [1] * 3
+    assert [i.type for i in final.output] == ["reasoning", "message"]
+
+    env.llm.script(Reply(reasoning="Greet them.", text="Hello, reader."))
+    plain = env.client.responses.create(model=MODELS["responses"], input="hi")
+    env.llm.done()
+    assert normalized(final) == normalized(plain)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_streamed_call_runs_once_its_arguments_are_whole(env: LLMEnv, dialect: str) -> None:
+    command = "printf '%s-%s\\n' streamed arguments"
+    args = {"commands": [command, "pwd"]}
+
+    def check(seen: Seen) -> Reply:
+        assert seen.body["stream"] is True
+        printed, pwd = seen.last_result()
+        assert printed["stdout"] == "streamed-arguments\n"
+        assert pwd["stdout"] == "/mnt/data\n"
+        return say("It printed streamed-arguments.")
+
+    # In chat chunks, the arguments' JSON comes in 6 pieces.
+    env.llm.script(Reply(text="Running it.", calls=[Call("shell", args)], pieces=6), check)
+    with env.client.responses.stream(
+        model=MODELS[dialect], input="run it", tools=SHELL_AUTO
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    env.llm.done()
+    assert final.status == "completed"
+    assert [i.type for i in final.output] == [
+        "message",
+        "shell_call",
+        "shell_call_output",
+        "message",
+    ]
+    assert final.output[1].action.commands == [command, "pwd"]
+    assert final.output[2].output[0].stdout == "streamed-arguments\n"
+    assert final.output_text == "Running it.It printed streamed-arguments."
+    # The text streamed in pieces; the call was shown whole, after the text before it.
+    deltas = [(e.output_index, e.delta) for e in events if e.type == "response.output_text.delta"]
+    assert [d for i, d in deltas if i == 0] == ["Ru", "nn", "in", "g ", "it", "."]
+    assert "".join(d for i, d in deltas if i == 3) == "It printed streamed-arguments."
+    kinds = [e.type for e in events]
+    assert kinds.index("response.output_text.done") < kinds.index(
+        "response.shell_call_command.added"
+    )
+    commands = [e.command for e in events if e.type == "response.shell_call_command.done"]
+    assert commands == [command, "pwd"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_an_upstream_that_ignores_stream_still_works(env: LLMEnv, dialect: str) -> None:
+    """Some servers answer a streamed request with plain JSON: it is read as such."""
+    env.llm.script(
+        Reply(text="Plain JSON.", calls=[Call("shell", {"commands": ["echo json"]})], stream=False),
+        Reply(text="Still JSON.", stream=False),
+    )
+    with env.client.responses.stream(model=MODELS[dialect], input="go", tools=SHELL_AUTO) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert all(seen.body["stream"] is True for seen in env.llm.done())
+    assert final.status == "completed"
+    assert [i.type for i in final.output] == [
+        "message",
+        "shell_call",
+        "shell_call_output",
+        "message",
+    ]
+    assert final.output[2].output[0].stdout == "json\n"
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert deltas == ["Plain JSON.", "Still JSON."]  # each text whole, in one delta
 
 
 def test_retrieve_delete_store_and_tenancy(env: LLMEnv) -> None:

@@ -6,13 +6,22 @@ handed to the next step of the current script, which checks what shellbox sent (
 back outputs) and answers with tool calls or text. A failed check answers HTTP 500 with the
 assertion's text, so it surfaces in the test's own failure, and is kept for ``done()``.
 
+A request with ``stream: true`` is answered the way each API streams (chat completion chunks
+ending with ``[DONE]``, or Responses events ending with ``response.completed``), written and
+flushed one event at a time, with the text and the arguments in ``Reply.pieces`` pieces. A
+reply can make the stream wait for a ``threading.Event`` before its last event (``hold``),
+stop early (``cut_after``, cleanly or with the connection dropped), or be plain JSON anyway
+(``stream=False``, as servers that ignore ``stream`` answer).
+
 The other response/message test modules import the helpers from here (tests/ is not a
 package; tests/api is on the path, as for ``api_helpers``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -34,6 +43,7 @@ DEFAULT_KEY = "sk-upstream-default"
 MAX_ITERATIONS = 4  # the test server's per-response caps
 MAX_SANDBOX_S = 4
 MAX_TOOL_OUTPUT = 150_000
+HOLD_S = 30  # how long a held stream waits for its test before it gives up (and fails it)
 
 
 # -- what the upstream saw ----------------------------------------------------------------------
@@ -131,6 +141,16 @@ class Reply:
     raw: Any = None  # sent as is (bytes or JSON) instead of a rendered answer
     delay_s: float = 0.0
     finish: str | None = None
+    reasoning: str | None = None  # responses dialect: a reasoning item ahead of the rest
+    # -- when the request asks for a stream --
+    stream: bool = True  # False: answer JSON all the same
+    pieces: int = 3  # the text, and each call's arguments, come in this many pieces
+    pause_s: float = 0.005  # between two events
+    hold: threading.Event | None = None  # waited for before the last event
+    cut_after: int | None = None  # send only this many events
+    drop: bool = False  # with cut_after: drop the connection (the body never ends)
+    events: list[Any] | None = None  # sent as the stream instead of a rendered one
+    finished: threading.Event = field(default_factory=threading.Event)  # last event sent
 
 
 def shell(
@@ -187,6 +207,14 @@ def render(seen: Seen, reply: Reply) -> Any:
             },
         }
     output: list[dict[str, Any]] = []
+    if reply.reasoning is not None:
+        output.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_up{n}",
+                "summary": [{"type": "summary_text", "text": reply.reasoning}],
+            }
+        )
     if reply.text is not None:
         output.append(
             {
@@ -260,6 +288,111 @@ def render(seen: Seen, reply: Reply) -> Any:
     }
 
 
+def split(text: str, pieces: int) -> list[str]:
+    """``text`` in ``pieces`` pieces (fewer when it is shorter), none empty."""
+    size = max(1, -(-len(text) // max(1, pieces)))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def chat_chunks(seen: Seen, reply: Reply) -> list[Any]:
+    """The completion ``render`` gives, as the chunks of a streamed one."""
+    body = render(seen, reply)
+    [choice] = body["choices"]
+    message = choice["message"]
+    head = {k: body[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks: list[Any] = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": piece}) for piece in split(message["content"] or "", reply.pieces)]
+    for i, tc in enumerate(message.get("tool_calls", [])):
+        first = {"name": tc["function"]["name"], "arguments": ""}
+        opening = {"index": i, "id": tc["id"], "type": "function", "function": first}
+        chunks.append(chunk({"tool_calls": [opening]}))
+        for piece in split(tc["function"]["arguments"], reply.pieces):
+            chunks.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if (seen.body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    chunks.append("[DONE]")
+    return chunks
+
+
+def responses_events(seen: Seen, reply: Reply) -> list[Any]:
+    """The response ``render`` gives, as the events of a streamed one."""
+    body = render(seen, reply)
+    numbers = itertools.count()
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(numbers), **fields}
+
+    start = {**body, "status": "in_progress", "output": [], "usage": None}
+    events = [
+        event("response.created", response=start),
+        event("response.in_progress", response=start),
+    ]
+    for k, item in enumerate(body["output"]):
+        added = {**item, "status": "in_progress"}
+        if item["type"] == "message":
+            added["content"] = []
+        if item["type"] == "function_call":
+            added["arguments"] = ""
+        events.append(event("response.output_item.added", output_index=k, item=added))
+        ids = {"item_id": item["id"], "output_index": k}
+        for c, part in enumerate(item["content"] if item["type"] == "message" else []):
+            events.append(
+                event(
+                    "response.content_part.added", **ids, content_index=c, part={**part, "text": ""}
+                )
+            )
+            for piece in split(part["text"], reply.pieces):
+                events.append(
+                    event(
+                        "response.output_text.delta",
+                        **ids,
+                        content_index=c,
+                        delta=piece,
+                        logprobs=[],
+                    )
+                )
+            events.append(
+                event("response.output_text.done", **ids, content_index=c, text=part["text"])
+            )
+            events.append(event("response.content_part.done", **ids, content_index=c, part=part))
+        if item["type"] == "function_call":
+            for piece in split(item["arguments"], reply.pieces):
+                events.append(event("response.function_call_arguments.delta", **ids, delta=piece))
+            events.append(
+                event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+            )
+        events.append(event("response.output_item.done", output_index=k, item=item))
+    final = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+    events.append(event(final, response=body))
+    return events
+
+
+def sse_block(event: Any) -> bytes:
+    """One SSE event: a string is sent as its data line, an event with a type names it."""
+    if isinstance(event, bytes):
+        return event
+    if isinstance(event, str):
+        return f"data: {event}\n\n".encode()
+    data = json.dumps(event)
+    if str(event.get("type", "")).startswith(("response.", "error")):
+        return f"event: {event['type']}\ndata: {data}\n\n".encode()
+    return f"data: {data}\n\n".encode()
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any = None  # JSON, or bytes
+    events: list[Any] | None = None  # the events of a streamed answer
+    reply: Reply = field(default_factory=Reply)
+
+
 class ScriptedLLM:
     def __init__(self) -> None:
         self.steps: deque[Step] = deque()
@@ -279,15 +412,47 @@ class ScriptedLLM:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length))
                 seen = Seen(self.path, body, {k.lower(): v for k, v in self.headers.items()})
-                status, payload, delay = llm.answer(seen)
-                if delay:
-                    time.sleep(delay)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                answer = llm.answer(seen)
+                if answer.reply.delay_s:
+                    time.sleep(answer.reply.delay_s)
+                try:
+                    if answer.events is not None:
+                        self.stream(answer.status, answer.events, answer.reply)
+                        return
+                    payload = answer.body
+                    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                    self.send_response(answer.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # shellbox gave up on this answer
+
+            def stream(self, status: int, events: list[Any], reply: Reply) -> None:
+                """The events as a chunked body, one write and one pause per event."""
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                self.wfile.write(data)
+                for n, event in enumerate(events):
+                    if reply.cut_after is not None and n >= reply.cut_after:
+                        break
+                    last = n == len(events) - 1
+                    if last and reply.hold is not None and not reply.hold.wait(HOLD_S):
+                        llm.failures.append(f"the held stream waited {HOLD_S} s in vain")
+                    data = sse_block(event)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                    time.sleep(reply.pause_s)
+                else:
+                    reply.finished.set()
+                if reply.drop:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: no last chunk
+                    return
+                self.wfile.write(b"0\r\n\r\n")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -308,21 +473,26 @@ class ScriptedLLM:
             self.seen = []
             self.failures = []
 
-    def answer(self, seen: Seen) -> tuple[int, Any, float]:
+    def answer(self, seen: Seen) -> Answer:
         with self.lock:
             self.seen.append(seen)
             step = self.steps.popleft() if self.steps else None
         if step is None:
             self.failures.append(f"unexpected request {len(self.seen)}: the script is over")
-            return 500, {"error": {"message": "the script is over"}}, 0.0
+            return Answer(500, {"error": {"message": "the script is over"}})
         try:
             reply = step(seen) if callable(step) else step
         except AssertionError as exc:
             self.failures.append(f"step {len(self.seen)}: {exc}")
-            return 500, {"error": {"message": f"scripted check failed: {exc}"}}, 0.0
+            return Answer(500, {"error": {"message": f"scripted check failed: {exc}"}})
+        if reply.events is not None:
+            return Answer(reply.status, events=reply.events, reply=reply)
         if reply.raw is not None:
-            return reply.status, reply.raw, reply.delay_s
-        return reply.status, render(seen, reply), reply.delay_s
+            return Answer(reply.status, reply.raw, reply=reply)
+        if seen.body.get("stream") and reply.stream:
+            render_events = chat_chunks if seen.dialect == "chat" else responses_events
+            return Answer(reply.status, events=render_events(seen, reply), reply=reply)
+        return Answer(reply.status, render(seen, reply), reply=reply)
 
     def done(self) -> list[Seen]:
         """Every step ran, and every check passed; returns what the upstream saw."""
@@ -499,6 +669,161 @@ def test_upstream_failure_mid_stream_ends_with_response_failed(env: LLMEnv) -> N
     assert kinds == ["shell_call", "shell_call_output"]
     assert env.client.responses.retrieve(failed.id).status == "failed"
     env.llm.done()
+
+
+# A chunk of text, in each dialect's streamed form.
+TEXT_CHUNK = {
+    "chat": {"choices": [{"index": 0, "delta": {"content": "Partial"}, "finish_reason": None}]},
+    "responses": {
+        "type": "response.output_text.delta",
+        "item_id": "msg_up",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "Partial",
+    },
+}
+
+
+def completed(output: list[dict[str, Any]]) -> dict[str, Any]:
+    response = {"status": "completed", "output": output, "usage": None}
+    return {"type": "response.completed", "response": response}
+
+
+def test_a_streamed_message_keeps_the_id_it_was_shown_with(env: LLMEnv) -> None:
+    """A proxy may give the final response's items ids other than its events had."""
+    message = {"type": "message", "id": "msg_renumbered", "role": "assistant"}
+    message |= {"status": "completed", "content": [{"type": "output_text", "text": "Partial"}]}
+    env.llm.script(Reply(events=[TEXT_CHUNK["responses"], completed([message])]))
+    with env.client.responses.stream(model=MODELS["responses"], input="hi") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    env.llm.done()
+    [added] = [e for e in events if e.type == "response.output_item.added"]
+    assert added.item.id == final.output[0].id == "msg_up"
+    assert final.output_text == "Partial"
+
+
+def test_a_chat_stream_that_ends_after_its_finish_reason_is_whole(env: LLMEnv) -> None:
+    """Some servers close the stream after the chunk with the finish_reason (and the usage)
+    without a [DONE] line: the answer is whole."""
+    # role, four pieces of text, the finish_reason, the usage; no [DONE]
+    env.llm.script(Reply(text="one two six ten!", pieces=4, cut_after=7))
+    with env.client.responses.stream(model=MODELS["chat"], input="hi") as stream:
+        final = stream.get_final_response()
+    env.llm.done()
+    assert final.status == "completed" and final.output_text == "one two six ten!"
+    assert final.usage is not None and final.usage.total_tokens > 0
+
+
+def failed_stream(env: LLMEnv, model: str, **extra: Any) -> tuple[list[str], Any]:
+    """Runs a streamed response that must fail: its text deltas, and the failed response
+    (also as it was stored)."""
+    events = list(env.client.responses.create(model=model, input="hi", stream=True, **extra))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.failed", [e.type for e in events]
+    failed = events[-1].response
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert env.client.responses.retrieve(failed.id).status == "failed"
+    env.llm.done()
+    return [e.delta for e in events if e.type == "response.output_text.delta"], failed
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("drop", [False, True], ids=["ended", "dropped"])
+def test_a_stream_cut_short_ends_with_response_failed(
+    env: LLMEnv, dialect: str, drop: bool
+) -> None:
+    """The body ends (or the connection drops) after two pieces of text, before the final
+    chunk: the text shown so far stays, in a message marked incomplete."""
+    before_text = 1 if dialect == "chat" else 4  # events ahead of the first piece of text
+    reply = Reply(text="one two six ten!", pieces=4, cut_after=before_text + 2, drop=drop)
+    env.llm.script(reply)
+    deltas, failed = failed_stream(env, MODELS[dialect])
+    assert deltas == ["one ", "two "]
+    final = (
+        "its finish_reason and [DONE] line"
+        if dialect == "chat"
+        else "its final event (response.completed)"
+    )
+    expected = (
+        "broke off its streamed answer" if drop else f"was cut short: it ended before {final}"
+    )
+    assert expected in failed.error.message
+    [message] = failed.output
+    assert message.type == "message" and message.status == "incomplete"
+    assert message.content[0].text == "one two "
+
+
+@pytest.mark.parametrize(
+    ("dialect", "events", "expected"),
+    [
+        (
+            "chat",
+            [TEXT_CHUNK["chat"], {"error": {"message": "overloaded mid-answer"}}],
+            "reported an error in the middle of its answer: overloaded mid-answer",
+        ),
+        ("chat", [TEXT_CHUNK["chat"], "{not json"], "a streamed event is not JSON: '{not json'"),
+        ("chat", [{"choices": {"index": 0}}], "a streamed chunk's choices is not a list"),
+        (
+            "responses",
+            [TEXT_CHUNK["responses"], {"type": "error", "message": "overloaded mid-answer"}],
+            "reported an error in the middle of its answer: overloaded mid-answer",
+        ),
+        (
+            "responses",
+            [
+                {
+                    "type": "response.failed",
+                    "response": {
+                        "status": "failed",
+                        "error": {"code": "server_error", "message": "the model crashed"},
+                        "output": [],
+                    },
+                }
+            ],
+            "the response failed: the model crashed",
+        ),
+        ("responses", ["[1, 2]"], "a streamed event is not a JSON object"),
+        (
+            "responses",
+            [TEXT_CHUNK["responses"], completed([{"type": "function_call", "call_id": "c1"}])],
+            "streamed a message as output item 0 of the turn, where the final response has "
+            "function_call",
+        ),
+    ],
+    ids=[
+        "chat-error",
+        "chat-not-json",
+        "chat-bad-choices",
+        "error",
+        "failed",
+        "not-an-object",
+        "mismatch",
+    ],
+)
+def test_a_stream_that_goes_wrong_ends_with_response_failed(
+    env: LLMEnv, dialect: str, events: list[Any], expected: str
+) -> None:
+    env.llm.script(Reply(events=events))
+    _, failed = failed_stream(env, MODELS[dialect])
+    assert expected in failed.error.message
+
+
+def test_an_error_status_on_a_streamed_turn_ends_with_response_failed(env: LLMEnv) -> None:
+    env.llm.script(Reply(status=400, raw={"error": {"message": "stream_options is unknown"}}))
+    deltas, failed = failed_stream(env, MODELS["chat"])
+    assert deltas == []
+    assert "answered HTTP 400: stream_options is unknown" in failed.error.message
+
+
+def test_a_stream_that_goes_quiet_times_out(env: LLMEnv) -> None:
+    """scripted-slow's timeout is 0.5 s: the stream stops for 10 s after its first chunk."""
+    env.llm.script(Reply(text="slow words", pause_s=10.0))
+    started = time.monotonic()
+    _, failed = failed_stream(env, "scripted-slow")
+    assert "stopped sending its answer for 0.5 s" in failed.error.message
+    assert time.monotonic() - started < 8
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses"])

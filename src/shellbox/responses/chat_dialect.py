@@ -7,6 +7,11 @@ functions, so any OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM) ca
 
 Tool outputs go back as ``tool`` messages: a shell call's as the JSON
 ``{"output": [{"stdout", "stderr", "outcome"}, ...]}``, one entry per command.
+
+Streamed, the answer comes as ``chat.completion.chunk`` events (asked with
+``stream_options.include_usage``, so the last one carries the usage) ending with
+``data: [DONE]``; ``ChatStreamReader`` puts them back together into the completion the
+non-streamed parser reads, so both forms give the same turn.
 """
 
 from __future__ import annotations
@@ -19,7 +24,19 @@ from shellbox.ids import new_id
 from shellbox.responses import arguments
 from shellbox.responses.items import CALL_TYPES, OUTPUT_TYPES, assistant_message, text_of
 from shellbox.responses.tools import ToolChoice, ToolSet
-from shellbox.responses.upstream import Turn, TurnRequest, UpstreamTarget, Usage, count, malformed
+from shellbox.responses.upstream import (
+    Live,
+    TextDelta,
+    Turn,
+    TurnRequest,
+    UpstreamTarget,
+    Usage,
+    count,
+    cut_short,
+    malformed,
+    reported_error,
+    streamed_chunk,
+)
 
 SHELL_HOSTED = (
     "Run shell commands in a sandboxed Linux container. Each command runs in its own bash "
@@ -268,50 +285,181 @@ class ChatDialect:
         return body
 
     def parse(self, body: Any, tools: ToolSet) -> Turn:
-        choices = body.get("choices") if isinstance(body, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            msg = "it has no choices"
+        return parse_completion(body, tools)
+
+    def stream_fields(self) -> dict[str, Any]:
+        return {"stream": True, "stream_options": {"include_usage": True}}
+
+    def reader(self, tools: ToolSet) -> ChatStreamReader:
+        return ChatStreamReader(tools)
+
+
+def parse_completion(body: Any, tools: ToolSet, *, message_id: str | None = None) -> Turn:
+    """The turn a chat completion gives (its message gets ``message_id``, when given: the id
+    its streamed text was shown under)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        msg = "it has no choices"
+        raise malformed(msg)
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        msg = "choices[0].message is missing"
+        raise malformed(msg)
+    turn = Turn(items=[])
+    text = text_of(message.get("content"))
+    if text.strip():
+        turn.items.append(assistant_message(text, item_id=message_id))
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        msg = "tool_calls is not a list"
+        raise malformed(msg)
+    for tc in tool_calls:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict):
+            msg = "a tool call has no function"
             raise malformed(msg)
-        message = choices[0].get("message")
-        if not isinstance(message, dict):
-            msg = "choices[0].message is missing"
-            raise malformed(msg)
-        turn = Turn(items=[])
-        text = text_of(message.get("content"))
-        if text.strip():
-            turn.items.append(assistant_message(text))
-        tool_calls = message.get("tool_calls") or []
-        if not isinstance(tool_calls, list):
-            msg = "tool_calls is not a list"
-            raise malformed(msg)
-        for tc in tool_calls:
-            fn = tc.get("function") if isinstance(tc, dict) else None
-            if not isinstance(fn, dict):
-                msg = "a tool call has no function"
-                raise malformed(msg)
-            call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc["id"] else None
-            item, error = call_item(
-                fn.get("name"), fn.get("arguments"), call_id or new_id("call_"), tools
-            )
-            if error:
-                turn.errors[len(turn.items)] = error
-            turn.items.append(item)
-        finish = choices[0].get("finish_reason")
-        if finish == "length":
-            turn.incomplete_reason = "max_output_tokens"
-        elif finish == "content_filter":
-            turn.incomplete_reason = "content_filter"
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        turn.usage = Usage(
-            count(usage.get("prompt_tokens")),
-            count(usage.get("completion_tokens")),
-            count(prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else 0),
-            count(
-                completion_details.get("reasoning_tokens")
-                if isinstance(completion_details, dict)
-                else 0
-            ),
+        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc["id"] else None
+        item, error = call_item(
+            fn.get("name"), fn.get("arguments"), call_id or new_id("call_"), tools
         )
-        return turn
+        if error:
+            turn.errors[len(turn.items)] = error
+        turn.items.append(item)
+    finish = choices[0].get("finish_reason")
+    if finish == "length":
+        turn.incomplete_reason = "max_output_tokens"
+    elif finish == "content_filter":
+        turn.incomplete_reason = "content_filter"
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    turn.usage = Usage(
+        count(usage.get("prompt_tokens")),
+        count(usage.get("completion_tokens")),
+        count(prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else 0),
+        count(
+            completion_details.get("reasoning_tokens")
+            if isinstance(completion_details, dict)
+            else 0
+        ),
+    )
+    return turn
+
+
+class ChatStreamReader:
+    """A streamed chat completion, chunk by chunk. The text is shown as it comes, once it is
+    more than white space (which alone makes no message); the tool calls' pieces are joined
+    by their ``index``; ``finish`` parses the completion it all adds up to."""
+
+    def __init__(self, tools: ToolSet) -> None:
+        self.tools = tools
+        self.message_id = new_id("msg_")  # the message's id, from its first shown text on
+        self.text: list[str] = []
+        self.shown = False
+        self.calls: dict[int, dict[str, Any]] = {}  # index -> {"id", "name", "arguments"}
+        self.choice = False  # some chunk carried the first choice
+        self.finish_reason: Any = None
+        self.usage: Any = None
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        return self.done
+
+    def feed(self, event: str, data: str) -> list[Live]:
+        if self.done:
+            return []  # nothing counts after [DONE]
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        chunk = streamed_chunk(data)
+        if chunk.get("error"):
+            raise reported_error(chunk["error"])
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]  # the last chunk's, with include_usage
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            msg = "a streamed chunk's choices is not a list"
+            raise malformed(msg)
+        shown: list[Live] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                msg = "a streamed chunk's choice is not an object"
+                raise malformed(msg)
+            if choice.get("index", 0) != 0:
+                continue  # only the first choice is read, as when not streamed
+            self.choice = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                msg = "a streamed chunk's delta is not an object"
+                raise malformed(msg)
+            self._tool_calls(delta.get("tool_calls"))
+            shown.extend(self._text(text_of(delta.get("content"))))
+        return shown
+
+    def _text(self, piece: str) -> list[Live]:
+        if not piece:
+            return []
+        self.text.append(piece)
+        if self.shown:
+            return [TextDelta(self.message_id, 0, piece)]
+        so_far = "".join(self.text)
+        if not so_far.strip():
+            return []
+        self.shown = True
+        return [TextDelta(self.message_id, 0, so_far)]
+
+    def _tool_calls(self, pieces: Any) -> None:
+        """The first piece of a call has its id and name (some servers repeat them: the
+        first is kept); its arguments come in pieces."""
+        if pieces is None:
+            return
+        if not isinstance(pieces, list):
+            msg = "a streamed chunk's tool_calls is not a list"
+            raise malformed(msg)
+        for position, piece in enumerate(pieces):
+            if not isinstance(piece, dict):
+                msg = "a streamed tool call is not an object"
+                raise malformed(msg)
+            index = piece.get("index")
+            key = index if isinstance(index, int) else position
+            call = self.calls.setdefault(key, {"id": None, "name": None, "arguments": []})
+            if piece.get("id") and call["id"] is None:
+                call["id"] = piece["id"]
+            fn = piece.get("function") or {}
+            if not isinstance(fn, dict):
+                msg = "a streamed tool call's function is not an object"
+                raise malformed(msg)
+            if fn.get("name") and call["name"] is None:
+                call["name"] = fn["name"]
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                call["arguments"].append(args)
+            elif args is not None:
+                call["arguments"].append(json.dumps(args, ensure_ascii=False))
+
+    def finish(self) -> Turn:
+        # Some servers close the stream after the chunk with the finish_reason without a
+        # [DONE] line; an answer without either was cut short.
+        if not self.done and self.finish_reason is None:
+            final = "its finish_reason and [DONE] line"
+            raise cut_short(final)
+        tool_calls = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": _joined(call["arguments"])},
+            }
+            for _, call in sorted(self.calls.items())
+        ]
+        message = {"role": "assistant", "content": "".join(self.text), "tool_calls": tool_calls}
+        choices = [{"message": message, "finish_reason": self.finish_reason}] if self.choice else []
+        body = {"choices": choices, "usage": self.usage}
+        return parse_completion(body, self.tools, message_id=self.message_id)
+
+
+def _joined(pieces: list[str]) -> str | None:
+    """A call's arguments (None when no piece came, as a completion without them reads)."""
+    return "".join(pieces) if pieces else None

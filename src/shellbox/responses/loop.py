@@ -2,7 +2,10 @@
 and again, until it answers without calls, hands calls to the client, or reaches a cap.
 
 A ``Run`` yields Responses API events as it goes (the streamed form); the non-streamed form
-reads the same events and keeps the last one, so both produce the same response. Shell calls
+reads the same events and keeps the last one, so both produce the same response. Streamed,
+each model turn is streamed from the upstream too: the model's text is shown as it writes it
+(``LiveMessage``), and the turn's items are then finished or shown in the turn's order, as
+they would be unstreamed. Calls still run only once the turn is whole. Shell calls
 go through ``CallService.shell_call_events``, the path of a direct call, so limits, tenancy
 and file indexing are the same as for ``POST /v1/containers/{id}/calls``.
 
@@ -18,15 +21,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from shellbox.errors import FileNotFound, InvalidRequest, ShellboxError, UpstreamError
 from shellbox.ids import new_id
-from shellbox.responses.events import Emitter, Event, item_events
+from shellbox.responses.events import Emitter, Event, LiveMessage, item_events
 from shellbox.responses.items import CALL_TYPES
 from shellbox.responses.tools import AUTO, NONE, ToolChoice, ToolSet
 from shellbox.responses.upstream import (
+    ItemDone,
+    Live,
+    TextDelta,
+    Turn,
+    TurnPart,
     TurnRequest,
     UpstreamClient,
     UpstreamFailedMidRun,
@@ -41,6 +50,9 @@ log = logging.getLogger("shellbox.responses")
 
 MAX_ANNOTATIONS = 20
 FORWARDED = ("type", "sequence_number", "output_index")
+
+# What of a turn was shown before it ended, in output order: live messages, and whole items.
+Shown = LiveMessage | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -187,14 +199,18 @@ class Run:
 
     # -- driving ----------------------------------------------------------------------------
 
-    async def events(self, *, raise_errors: bool = False) -> AsyncGenerator[Event, None]:
+    async def events(
+        self, *, raise_errors: bool = False, live: bool = True
+    ) -> AsyncGenerator[Event, None]:
         """Every event of the run. A failure mid-run ends the stream with ``response.failed``,
-        or, with ``raise_errors`` (the non-streamed form), raises."""
+        or, with ``raise_errors`` (the non-streamed form), raises. ``live``: the upstream is
+        asked to stream, and the model's text is shown as it comes (the non-streamed form
+        waits for whole answers instead)."""
         emit = Emitter()
         yield emit("response.created", response=self.response())
         yield emit("response.in_progress", response=self.response())
         try:
-            async for event in self._loop(emit):
+            async for event in self._loop(emit, live=live):
                 yield event
         except ShellboxError as exc:
             if raise_errors:
@@ -215,7 +231,7 @@ class Run:
         """The final response (errors raise)."""
         final: dict[str, Any] = {}
         try:
-            async for event in self.events(raise_errors=True):
+            async for event in self.events(raise_errors=True, live=False):
                 final = event
         except UpstreamError as exc:
             if self.hosted_calls and exc.retryable is not False:
@@ -242,7 +258,7 @@ class Run:
         self.output.append(item)
         yield from item_events(emit, index, item)
 
-    async def _loop(self, emit: Emitter) -> AsyncIterator[Event]:
+    async def _loop(self, emit: Emitter, *, live: bool) -> AsyncIterator[Event]:
         req = self.request
         while True:
             if self.turns >= self.caps.max_iterations:
@@ -252,23 +268,42 @@ class Run:
             choice = req.tool_choice if self.turns == 1 else AUTO
             if req.max_tool_calls is not None and self.hosted_calls >= req.max_tool_calls:
                 choice = NONE
-            turn = await self.upstream.turn(
-                self.target,
-                TurnRequest(
-                    self.instructions, self.history + self.output, req.tools, choice, req.params
-                ),
+            request = TurnRequest(
+                self.instructions, self.history + self.output, req.tools, choice, req.params
             )
+            base = len(self.output)  # where this turn's items start
+            shown: list[Shown] = []
+            turn: Turn | None = None
+            async with aclosing(self._ask(request, live=live)) as parts:
+                try:
+                    async for part in parts:
+                        if isinstance(part, Turn):
+                            turn = part
+                        else:
+                            for event in self._show(emit, shown, part):
+                                yield event
+                    assert turn is not None  # the upstream's last part, or it raised
+                    self._check_shown(shown, turn)
+                except ShellboxError:
+                    for message in shown:
+                        if isinstance(message, LiveMessage):
+                            message.item["status"] = "incomplete"  # cut off with the turn
+                    raise
             self.upstream_ns += turn.elapsed_ns
             self.usage.add(turn.usage)
             calls = [i for i in turn.items if i["type"] in CALL_TYPES]
             problems = {id(turn.items[i]): why for i, why in turn.errors.items()}
             self._fresh_call_ids(calls)
-            for item in turn.items:
+            for n, item in enumerate(turn.items):
                 if item["type"] == "shell_call":
                     item["environment"] = self._environment()
                 elif item["type"] == "message" and not calls:
                     self._annotate(item)
-                for event in self._emit_item(emit, item):
+                if n < len(shown):
+                    events = self._finish_shown(emit, base + n, shown[n], item)
+                else:
+                    events = self._emit_item(emit, item)
+                for event in events:
                     yield event
             if turn.incomplete_reason is not None:
                 # The answer was cut off: its calls are not run (their arguments may be cut
@@ -306,6 +341,60 @@ class Run:
                 return
             if to_client:
                 return
+
+    # -- the model's turn, streamed ----------------------------------------------------------
+
+    async def _ask(self, request: TurnRequest, *, live: bool) -> AsyncGenerator[TurnPart, None]:
+        """One turn of the model: streamed when the run is, else one whole answer."""
+        if live:
+            async for part in self.upstream.stream_turn(self.target, request):
+                yield part
+        else:
+            yield await self.upstream.turn(self.target, request)
+
+    def _show(self, emit: Emitter, shown: list[Shown], part: Live) -> Iterator[Event]:
+        """Shows what the model wrote before its turn ended. The upstream's reader only sends
+        items in the turn's order, so each new one takes the next output index."""
+        if isinstance(part, ItemDone):
+            shown.append(part.item)
+            yield from self._emit_item(emit, part.item)
+            return
+        assert isinstance(part, TextDelta)
+        message = next(
+            (m for m in shown if isinstance(m, LiveMessage) and m.id == part.item_id), None
+        )
+        if message is None:
+            message = LiveMessage(len(self.output), part.item_id)
+            shown.append(message)
+            self.output.append(message.item)
+            yield from message.open(emit)
+        yield from message.delta(emit, part.content_index, part.delta)
+
+    @staticmethod
+    def _check_shown(shown: list[Shown], turn: Turn) -> None:
+        """What was shown must be where the turn has it, since its output indices are out.
+        The final item keeps the id it was shown with (a proxy may number them anew)."""
+        for n, thing in enumerate(shown):
+            item = thing.item if isinstance(thing, LiveMessage) else thing
+            final = turn.items[n] if n < len(turn.items) else {}
+            if final.get("type") != item["type"]:
+                msg = (
+                    f"the upstream's streamed answer does not match its final response: it "
+                    f"streamed a {item['type']} as output item {n} of the turn, where the "
+                    f"final response has {final.get('type') or 'nothing'}"
+                )
+                raise UpstreamError(msg)
+            if "id" in item:
+                final["id"] = item["id"]
+
+    def _finish_shown(
+        self, emit: Emitter, index: int, thing: Shown, item: dict[str, Any]
+    ) -> Iterator[Event]:
+        """The rest of the series of an item shown early, now that it is final (an item
+        shown whole has had all its events)."""
+        self.output[index] = item
+        if isinstance(thing, LiveMessage):
+            yield from thing.close(emit, item)
 
     # -- calls ------------------------------------------------------------------------------
 

@@ -399,9 +399,46 @@ def _block_events(index: int, b: dict[str, Any]) -> list[SseEvent]:
     return events
 
 
+class _TextBlock:
+    """The one text block that streams at a time: a message's, from its first text to its
+    item's end. A message whose text starts while another streams is sent whole when done."""
+
+    def __init__(self) -> None:
+        self.streaming: int | None = None  # the output index of the message that streams
+        self.whole: set[int] = set()
+
+    def delta(self, block_index: int, output_index: int, text: str) -> list[SseEvent]:
+        events: list[SseEvent] = []
+        if self.streaming is None and output_index not in self.whole:
+            self.streaming = output_index
+            start = {"type": "text", "text": "", "citations": None}
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": block_index, "content_block": start},
+                )
+            )
+        if self.streaming != output_index:
+            self.whole.add(output_index)
+            return events
+        delta = {"type": "text_delta", "text": text}
+        events.append(
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": block_index, "delta": delta},
+            )
+        )
+        return events
+
+    def stop(self, block_index: int) -> SseEvent:
+        self.streaming = None
+        return "content_block_stop", {"type": "content_block_stop", "index": block_index}
+
+
 async def stream_events(run: Run, message_id: str) -> AsyncGenerator[SseEvent, None]:
-    """The Messages streaming events of a run. Blocks are sent when their item is done;
-    ``tool_use`` blocks wait for the end, since only then is it known which went unanswered."""
+    """The Messages streaming events of a run. A text block streams as the model writes it;
+    other blocks are sent when their item is done; ``tool_use`` blocks wait for the end, since
+    only then is it known which went unanswered."""
     start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -415,6 +452,7 @@ async def stream_events(run: Run, message_id: str) -> AsyncGenerator[SseEvent, N
     }
     yield "message_start", {"type": "message_start", "message": start}
     index = 0
+    text = _TextBlock()
     events = run.events()
     try:
         async for event in events:
@@ -422,7 +460,15 @@ async def stream_events(run: Run, message_id: str) -> AsyncGenerator[SseEvent, N
                 why = run.error["message"] if run.error else ""
                 yield "error", {"type": "error", "error": {"type": "api_error", "message": why}}
                 return
+            if event["type"] == "response.output_text.delta":
+                for e in text.delta(index, event["output_index"], event["delta"]):
+                    yield e
+                continue
             if event["type"] != "response.output_item.done":
+                continue
+            if text.streaming == event["output_index"]:
+                yield text.stop(index)
+                index += 1
                 continue
             item = event["item"]
             b = None if item["type"] == "function_call" else block(item)

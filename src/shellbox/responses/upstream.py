@@ -6,6 +6,12 @@ messages, reasoning, and tool calls. The ``chat`` dialect speaks Chat Completion
 shell offered as a function; the ``responses`` dialect speaks the Responses API with the
 shell in ``local`` mode, so OpenAI models emit native ``shell_call`` items. Upstream failures
 become ``UpstreamError`` (502) with a message that says what went wrong, never a 500.
+
+A turn of a streamed response is asked with ``stream: true`` (``stream_turn``): each dialect's
+``StreamReader`` reads the upstream's Server-Sent Events into ``TextDelta`` (text while the
+model writes it) and ``ItemDone`` (an item finished ahead of that text), and at the end into
+the same ``Turn`` the non-streamed ``turn`` gives. Tool calls are only in that ``Turn``: they
+run once their arguments are whole.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -143,12 +151,84 @@ class Turn:
     elapsed_ns: int = 0  # time spent waiting for the upstream
 
 
+@dataclass(frozen=True)
+class TextDelta:
+    """Text the model is writing, before its turn ends: ``delta`` extends the text of content
+    part ``content_index`` of message ``item_id`` (the turn's item with that id, at the end)."""
+
+    item_id: str
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class ItemDone:
+    """An item the model finished before its turn ended (a reasoning item ahead of the text),
+    shown at once so that the text after it streams in the order of the turn's items."""
+
+    item: dict[str, Any]
+
+
+Live = TextDelta | ItemDone
+TurnPart = TextDelta | ItemDone | Turn  # what stream_turn yields: the Turn comes last
+
+
+class StreamReader(Protocol):
+    """Reads one streamed answer, event by event (``event`` is the SSE event name, ``""``
+    when there is none)."""
+
+    @property
+    def complete(self) -> bool:
+        """The final event arrived: ``finish`` will give the turn."""
+        ...
+
+    def feed(self, event: str, data: str) -> list[Live]: ...
+
+    def finish(self) -> Turn:
+        """The whole turn; an answer that ended before its final event is an UpstreamError."""
+        ...
+
+
 class DialectAdapter(Protocol):
     path: str
 
     def payload(self, target: UpstreamTarget, req: TurnRequest) -> dict[str, Any]: ...
 
     def parse(self, body: Any, tools: ToolSet) -> Turn: ...
+
+    def stream_fields(self) -> dict[str, Any]:
+        """What a streamed request adds to the payload."""
+        ...
+
+    def reader(self, tools: ToolSet) -> StreamReader: ...
+
+
+class SseDecoder:
+    """Server-Sent Events from lines (the ``event`` and ``data`` fields; ``id``, ``retry``
+    and comments mean nothing here)."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def line(self, line: str) -> tuple[str, str] | None:
+        """Takes one line; returns ``(event, data)`` when it ends an event."""
+        if not line:
+            return self.flush()
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self.data.append(value)
+        elif name == "event":
+            self.event = value
+        return None
+
+    def flush(self) -> tuple[str, str] | None:
+        """The event in progress, if any (also at the end of the stream: some servers do not
+        end their last event with a blank line)."""
+        event, data = self.event, self.data
+        self.event, self.data = "", []
+        return (event, "\n".join(data)) if data else None
 
 
 class UpstreamClient:
@@ -175,32 +255,105 @@ class UpstreamClient:
         turn.elapsed_ns = elapsed
         return turn
 
-    async def _post(self, target: UpstreamTarget, path: str, content: bytes) -> httpx.Response:
-        url = target.base_url + path
-        headers = {"content-type": "application/json"}
-        if target.api_key:
-            headers["authorization"] = f"Bearer {target.api_key}"
+    async def stream_turn(
+        self, target: UpstreamTarget, req: TurnRequest
+    ) -> AsyncGenerator[TurnPart, None]:
+        """One turn asked with streaming: text as the model writes it, then the whole turn.
+        An upstream that ignores ``stream`` and answers JSON is read as ``turn`` reads it."""
+        dialect = self.dialects[target.dialect]
+        body = {**dialect.payload(target, req), **dialect.stream_fields()}
+        content = json.dumps(body, ensure_ascii=False).encode()
+        started = time.perf_counter_ns()
+        resp = await self._open(target, dialect.path, content)
+        try:
+            if not resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+                await self._read(target, resp)
+                turn = dialect.parse(self._decode(target, resp), req.tools)
+                turn.elapsed_ns = time.perf_counter_ns() - started
+                yield turn
+                return
+            reader = dialect.reader(req.tools)
+            # Only waiting for the upstream is timed, not the client reading what we yield.
+            waited, since = 0, started
+            async with aclosing(self._events(target, resp, reader)) as events:
+                async for event, data in events:
+                    waited += time.perf_counter_ns() - since
+                    for part in reader.feed(event, data):
+                        yield part
+                    since = time.perf_counter_ns()
+            waited += time.perf_counter_ns() - since
+            turn = reader.finish()
+            turn.elapsed_ns = waited
+            yield turn
+        finally:
+            await resp.aclose()  # a client that left mid-turn: the upstream stops too
+
+    async def _events(
+        self, target: UpstreamTarget, resp: httpx.Response, reader: StreamReader
+    ) -> AsyncGenerator[tuple[str, str], None]:
+        """The SSE events of a streamed answer. A connection that breaks or goes quiet before
+        the final event is an UpstreamError; after it, the answer is whole and that is fine."""
+        decoder = SseDecoder()
         who = _who(target)
         try:
-            resp = await self.http.post(
-                url, content=content, headers=headers, timeout=target.timeout_s
-            )
+            async for line in resp.aiter_lines():
+                event = decoder.line(line)
+                if event is not None:
+                    yield event
+            event = decoder.flush()
+            if event is not None:
+                yield event
         except httpx.TimeoutException:
-            log.warning("upstream %s timed out after %ss", url, target.timeout_s)
-            msg = f"{who} did not answer within {target.timeout_s:g} s"
+            if reader.complete:
+                return
+            log.warning("upstream %s went quiet for %ss mid-answer", resp.url, target.timeout_s)
+            msg = f"{who} stopped sending its answer for {target.timeout_s:g} s"
             raise UpstreamError(msg) from None
         except httpx.HTTPError as exc:
-            log.warning("upstream %s unreachable: %s", url, exc)
-            msg = f"{who} could not be reached ({type(exc).__name__})"
+            if reader.complete:
+                return
+            log.warning("upstream %s broke off its answer: %s", resp.url, exc)
+            msg = f"{who} broke off its streamed answer ({type(exc).__name__}: {exc})"
             raise UpstreamError(msg) from None
+
+    async def _post(self, target: UpstreamTarget, path: str, content: bytes) -> httpx.Response:
+        url = target.base_url + path
+        try:
+            resp = await self.http.post(
+                url, content=content, headers=_headers(target), timeout=target.timeout_s
+            )
+        except httpx.HTTPError as exc:
+            raise _unreachable(target, url, exc) from None
         if resp.status_code >= 400:
-            detail = _error_detail(resp)
-            log.warning("upstream %s answered %s: %s", url, resp.status_code, detail)
-            msg = f"{who} answered HTTP {resp.status_code}: {detail}"
-            if 400 <= resp.status_code < 500 and resp.status_code not in (408, 409, 429):
-                raise UpstreamRejected(msg)
-            raise UpstreamError(msg)
+            raise _refused(target, url, resp)
         return resp
+
+    async def _open(self, target: UpstreamTarget, path: str, content: bytes) -> httpx.Response:
+        """``_post`` for a streamed answer: returns once the headers are in (an error status
+        is read whole, for its message)."""
+        url = target.base_url + path
+        request = self.http.build_request(
+            "POST", url, content=content, headers=_headers(target), timeout=target.timeout_s
+        )
+        try:
+            resp = await self.http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _unreachable(target, url, exc) from None
+        if resp.status_code >= 400:
+            try:
+                await self._read(target, resp)
+            finally:
+                await resp.aclose()
+            raise _refused(target, url, resp)
+        return resp
+
+    @staticmethod
+    async def _read(target: UpstreamTarget, resp: httpx.Response) -> None:
+        """The rest of a streamed body (an answer that was not a stream after all)."""
+        try:
+            await resp.aread()
+        except httpx.HTTPError as exc:
+            raise _unreachable(target, str(resp.url), exc) from None
 
     @staticmethod
     def _decode(target: UpstreamTarget, resp: httpx.Response) -> Any:
@@ -214,6 +367,33 @@ class UpstreamClient:
 
 def _who(target: UpstreamTarget) -> str:
     return f"the upstream for model {target.name!r}"
+
+
+def _headers(target: UpstreamTarget) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    if target.api_key:
+        headers["authorization"] = f"Bearer {target.api_key}"
+    return headers
+
+
+def _unreachable(target: UpstreamTarget, url: str, exc: httpx.HTTPError) -> UpstreamError:
+    who = _who(target)
+    if isinstance(exc, httpx.TimeoutException):
+        log.warning("upstream %s timed out after %ss", url, target.timeout_s)
+        msg = f"{who} did not answer within {target.timeout_s:g} s"
+        return UpstreamError(msg)
+    log.warning("upstream %s unreachable: %s", url, exc)
+    msg = f"{who} could not be reached ({type(exc).__name__})"
+    return UpstreamError(msg)
+
+
+def _refused(target: UpstreamTarget, url: str, resp: httpx.Response) -> UpstreamError:
+    detail = _error_detail(resp)
+    log.warning("upstream %s answered %s: %s", url, resp.status_code, detail)
+    msg = f"{_who(target)} answered HTTP {resp.status_code}: {detail}"
+    if 400 <= resp.status_code < 500 and resp.status_code not in (408, 409, 429):
+        return UpstreamRejected(msg)
+    return UpstreamError(msg)
 
 
 def _error_detail(resp: httpx.Response) -> str:
@@ -231,4 +411,30 @@ def _error_detail(resp: httpx.Response) -> str:
 
 def malformed(target_what: str) -> UpstreamError:
     msg = f"the upstream's answer is malformed: {target_what}"
+    return UpstreamError(msg)
+
+
+def streamed_chunk(data: str) -> dict[str, Any]:
+    """One event's data, as a JSON object."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        msg = f"a streamed event is not JSON: {data[:ERROR_EXCERPT]!r}"
+        raise malformed(msg) from None
+    if not isinstance(chunk, dict):
+        msg = f"a streamed event is not a JSON object: {data[:ERROR_EXCERPT]!r}"
+        raise malformed(msg)
+    return chunk
+
+
+def reported_error(error: Any) -> UpstreamError:
+    """An error the upstream sent in the middle of a streamed answer."""
+    why = error.get("message") if isinstance(error, dict) else error
+    why = str(why)[:ERROR_EXCERPT] if why else "no reason given"
+    msg = f"the upstream reported an error in the middle of its answer: {why}"
+    return UpstreamError(msg)
+
+
+def cut_short(final: str) -> UpstreamError:
+    msg = f"the upstream's streamed answer was cut short: it ended before {final}"
     return UpstreamError(msg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -45,3 +46,23 @@ def test_a_killed_sandbox_is_restarted_with_its_files(http: httpx.Client, cid: s
         assert r.status_code == 200
         text = r.read().decode()
     assert "response.output_item.done" in text and "kept" in text, text
+
+
+def test_a_call_whose_sandbox_dies_under_it_fails_and_is_not_run_again(
+    http: httpx.Client, cid: str
+) -> None:
+    marker = f"sleep {800_000 + secrets.randbelow(99_999)}.5"
+    body = {
+        "type": "shell_call",
+        "action": {"commands": [f"{marker}; echo once >> runs.txt"], "timeout_ms": 60_000},
+    }
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(http.post, f"/v1/containers/{cid}/calls", json=body)
+        assert wait_until(lambda: len(host_pids(marker)) >= 1, 10)  # bash, then its sleep
+        os.kill(container_init_pid(host_pids(marker)[0]), signal.SIGKILL)
+        r = call.result()
+    assert r.status_code == 500, r.text
+    assert r.json()["error"]["code"] == "agent_unavailable"
+    # The next call starts the sandbox again; the lost command did not run a second time.
+    [out] = shell(http, cid, "cat runs.txt 2>&1; echo done")["output"]
+    assert out["stdout"].endswith("No such file or directory\ndone\n"), out

@@ -100,8 +100,8 @@ def test_a_call_cites_only_what_changed_during_it(
         assert shell(http, cid, "seq 3 > n.txt")["files"] != []
         assert shell(http, cid, "cat n.txt")["files"] == []
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(shell, http, cid, "echo slow > slow.txt; sleep 1")
-        listed = wait_until(lambda: "/mnt/data/slow.txt" in files_of(client, cid), 0.9, 0.05)
+        slow = pool.submit(shell, http, cid, "echo slow > slow.txt; sleep 4")
+        listed = wait_until(lambda: "/mnt/data/slow.txt" in files_of(client, cid), 3, 0.05)
         assert listed and not slow.done()
         item = slow.result()
     assert [f["filename"] for f in item["files"]] == ["slow.txt"]

@@ -3,9 +3,12 @@ its own (``egress.warm_containers``); the proxy learns its policy only then."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from egress_helpers import EgressServer, Upstream, create, owned_namespaces, run
 
@@ -21,11 +24,19 @@ def pooled_allowlist_ids(es: EgressServer) -> set[str]:
     """Containers the runtime holds in an egress namespace that the API does not list."""
     on_disk = set()
     for spec in (es.server.state_dir / "containers").glob("*/spec.json"):
-        if json.loads(spec.read_text()).get("netns_path"):
-            on_disk.add(spec.parent.name)
+        with contextlib.suppress(ValueError):  # one being written by the pool's filler
+            if json.loads(spec.read_text()).get("netns_path"):
+                on_disk.add(spec.parent.name)
     with es.http as http:
         listed = {c["id"] for c in http.get("/v1/containers", params={"limit": 100}).json()["data"]}
     return on_disk - listed
+
+
+def proxy_clients(es: EgressServer) -> set[str]:
+    """The containers the proxy has a policy for (its policy.json, written by the server)."""
+    key = hashlib.sha256(str(es.server.state_dir.resolve()).encode()).hexdigest()[:12]
+    policy = json.loads((Path("/run/shellbox") / key / "egress" / "policy.json").read_text())
+    return {c["container"] for c in policy["clients"].values()}
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
@@ -42,6 +53,12 @@ def test_allowlist_creation_takes_a_pooled_container(
         first = create(http, POLICY)  # the proxy runs from now on; the pool fills
         wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
         [pooled] = pooled_allowlist_ids(egress)
+        assert first in proxy_clients(egress) and pooled not in proxy_clients(egress)
+        # A refused creation is refused before a pooled container is taken.
+        bad = {"type": "allowlist", "allowed_domains": ["https://bad.example.test/"]}
+        r = http.post("/v1/containers", json={"name": "bad", "network_policy": bad})
+        assert r.status_code == 400, r.text
+        assert pooled_allowlist_ids(egress) == {pooled}
         second = create(http, POLICY)
         assert second == pooled
         upstream.clear()
@@ -57,13 +74,11 @@ def test_allowlist_creation_takes_a_pooled_container(
         assert refused["stdout"] == "000" and "403" in refused["stderr"], refused
         assert [s["headers"]["authorization"] for s in upstream.seen()] == [f"Bearer {SECRET}"]
 
-        # A refused creation gives its pooled container and namespace back; none leaks.
+        assert second in proxy_clients(egress)
+        # Deleting gives the namespaces back: the warm ones and the refilled pool's remain.
         wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
-        before = sorted(owned_namespaces(egress.server))
-        bad = {"type": "allowlist", "allowed_domains": ["https://bad.example.test/"]}
-        r = http.post("/v1/containers", json={"name": "bad", "network_policy": bad})
-        assert r.status_code == 400, r.text
-        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
-        wait_for(lambda: len(owned_namespaces(egress.server)) == len(before))
+        before = len(owned_namespaces(egress.server))
         for cid in (first, second):
             http.delete(f"/v1/containers/{cid}")
+        wait_for(lambda: len(owned_namespaces(egress.server)) == before - 2)
+        assert proxy_clients(egress).isdisjoint({first, second})

@@ -111,39 +111,54 @@ function install(proxyUrl) {
 
   // fetch: undici is bundled inside node and not importable, but its global dispatcher lives
   // under a well-known symbol. A data: URL makes fetch create the default one without touching
-  // the network, which hands us undici's Agent class to build a tunnelling one.
-  if (typeof globalThis.fetch === "function") {
-    const key = Symbol.for("undici.globalDispatcher.1");
-    if (!globalThis[key]) globalThis.fetch("data:,").catch(() => {});
-    const Agent = globalThis[key] && globalThis[key].constructor;
-    if (typeof Agent === "function") {
-      const plainDirect = net.connect;
-      const viaProxy = { http: connectThrough(proxy, false), https: connectThrough(proxy, true) };
-      globalThis[key] = new Agent({
-        connect(options, cb) {
-          let called = false;
-          const callback = (err, socket) => {
-            if (!called) {
-              called = true;
-              cb(err, socket);
-            }
-          };
-          const secure = options.protocol === "https:";
-          if (noProxy(options.hostname)) {
-            const port = Number(options.port) || (secure ? 443 : 80);
-            const s = secure
-              ? tls.connect({ host: options.hostname, port, servername: options.servername,
-                  ALPNProtocols: ["http/1.1"] })
-              : plainDirect(port, options.hostname);
-            s.once(secure ? "secureConnect" : "connect", () => callback(null, s));
-            s.once("error", (e) => callback(e));
-            return;
-          }
-          viaProxy[secure ? "https" : "http"](options, callback);
-        },
-      });
-    }
+  // the network, which hands us undici's Agent class to build a tunnelling one. Done on the
+  // first call only: loading undici costs every node process tens of milliseconds.
+  const original = globalThis.fetch;
+  if (typeof original === "function") {
+    let routed = false;
+    globalThis.fetch = function fetch(input, init) {
+      if (!routed) {
+        routed = true;
+        try {
+          routeFetch(proxy, original);
+        } catch (err) {
+          process.emitWarning(`shellbox: could not route fetch through the egress proxy: ${err}`);
+        }
+      }
+      return original.call(this, input, init);
+    };
   }
+}
+
+function routeFetch(proxy, fetch) {
+  const key = Symbol.for("undici.globalDispatcher.1");
+  if (!globalThis[key]) fetch("data:,").catch(() => {});
+  const Agent = globalThis[key] && globalThis[key].constructor;
+  if (typeof Agent !== "function") return;
+  const viaProxy = { http: connectThrough(proxy, false), https: connectThrough(proxy, true) };
+  globalThis[key] = new Agent({
+    connect(options, cb) {
+      let called = false;
+      const callback = (err, socket) => {
+        if (!called) {
+          called = true;
+          cb(err, socket);
+        }
+      };
+      const secure = options.protocol === "https:";
+      if (noProxy(options.hostname)) {
+        const port = Number(options.port) || (secure ? 443 : 80);
+        const s = secure
+          ? tls.connect({ host: options.hostname, port, servername: options.servername,
+              ALPNProtocols: ["http/1.1"] })
+          : net.connect(port, options.hostname);
+        s.once(secure ? "secureConnect" : "connect", () => callback(null, s));
+        s.once("error", (e) => callback(e));
+        return;
+      }
+      viaProxy[secure ? "https" : "http"](options, callback);
+    },
+  });
 }
 
 if (PROXY_ENV) {

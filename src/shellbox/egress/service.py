@@ -261,12 +261,12 @@ class EgressService:
 
     # -- hooks ------------------------------------------------------------------------------
 
-    async def provision(
-        self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
-    ) -> None:
+    def check(self, principal: Principal, req: CreateContainer) -> pol.AllowlistPolicy | None:
+        """The request's allowlist, validated (a 400 naming the bad entry); None without one.
+        Run before a pooled container is taken, so a refused request costs no container."""
         raw = req.network_policy or {}
         if raw.get("type") != "allowlist":
-            return  # disabled: the runtime's private namespace has loopback only
+            return None  # disabled: the runtime's private namespace has loopback only
         policy = pol.validate_policy(raw, operator=self.operator)
         if not self.available:
             msg = (
@@ -274,6 +274,14 @@ class EgressService:
                 f"({self.unavailable_reason}); use {{'type': 'disabled'}}"
             )
             raise InvalidRequest(msg, param="network_policy")
+        return policy
+
+    async def provision(
+        self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
+    ) -> None:
+        policy = self.check(principal, req)
+        if policy is None:
+            return
         await self.ensure_started()
         assert self.pool is not None
         slot = self._pooled_slots.pop(cid, None) or await self.pool.acquire()
@@ -407,6 +415,7 @@ def install(services: Services) -> None:
     services.extras["egress"] = egress
     services.closers.append(egress.close)
     c = services.containers
+    c.check_hooks.append(egress.check)
     c.provision_hooks.append(egress.provision)
     c.before_start_hooks.append(egress.before_start)
     c.release_hooks.append(egress.release)

@@ -71,6 +71,7 @@ ProvisionHook = Callable[[Principal, CreateContainer, str, Provisioned], Corouti
 ReleaseHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 StartHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 ReapHook = Callable[[], Coroutine[Any, Any, None]]
+CheckHook = Callable[[Principal, CreateContainer], object]  # raises InvalidRequest
 
 
 class ContainerService:
@@ -78,6 +79,7 @@ class ContainerService:
         self.settings = settings
         self.db = db
         self.runtime = runtime
+        self.check_hooks: list[CheckHook] = []  # validation, before anything is allocated
         self.provision_hooks: list[ProvisionHook] = []
         self.release_hooks: list[ReleaseHook] = []
         self.before_start_hooks: list[StartHook] = []
@@ -167,8 +169,10 @@ class ContainerService:
         if policy_type not in ("disabled", "allowlist"):
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
             raise InvalidRequest(msg, param="network_policy.type")
-        # A pooled container fits a request that asks for nothing beyond the default spec;
-        # whether the hooks add something is only known once they ran, under its id.
+        for check in self.check_hooks:
+            check(principal, req)
+        # A pooled container fits a request that asks for nothing beyond its pool's spec (but
+        # env); whether the hooks add something is only known once they ran, under its id.
         pool = self.pools.get(policy_type)
         pooled = None
         if pool is not None and req.memory_limit == DEFAULT_MEMORY and not req.skills:

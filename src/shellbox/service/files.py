@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 from sqlalchemy import ColumnElement, delete, insert, or_, select, update
@@ -28,9 +29,9 @@ from shellbox.settings import Settings
 from shellbox.store import Database
 from shellbox.store.tables import container_files, files
 
+log = logging.getLogger("shellbox.files")
 # A scan costs about 3 us per directory entry here (2 000 entries: 6 ms). Up to this many it
 # runs on the event loop (~1.5 ms at most), beyond it in a worker thread (FileService.sync).
-log = logging.getLogger("shellbox.files")
 INLINE_SCAN_ENTRIES = 500
 STALE_UPLOAD_S = 3600  # a temporary upload file untouched this long was left by a crash
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -139,9 +140,18 @@ class FileService:
         )
         return [FileRecord.from_row(r) for r in page.rows], page.has_more
 
-    def file_content(self, principal: Principal, file_id: str) -> Path:
+    def file_content(self, principal: Principal, file_id: str) -> Iterator[bytes]:
         self.get_file(principal, file_id)
-        return self._blob(file_id)
+        return _read_blob(self._open_blob(file_id))
+
+    def _open_blob(self, file_id: str) -> BinaryIO:
+        """Opened at once: a file that expires now (and is purged) is then still readable,
+        and one purged before is a 404, not a failure half-way through."""
+        try:
+            return open(self._blob(file_id), "rb")  # closed by _read_blob
+        except FileNotFoundError:
+            msg = f"No file found with id '{file_id}'."
+            raise FileNotFound(msg, param="file_id") from None
 
     def delete_file(self, principal: Principal, file_id: str) -> None:
         self.get_file(principal, file_id)
@@ -212,7 +222,7 @@ class FileService:
             return self._index_written(cid, record.filename)
 
     def _blob_chunks(self, record: FileRecord) -> Iterator[bytes]:
-        return _read_blob(self._blob(record.id))
+        return _read_blob(self._open_blob(record.id))
 
     def _write(self, cid: str, filename: str, chunks: Iterator[bytes]) -> None:
         rel = fs.relative_path(filename, param="file")
@@ -409,8 +419,8 @@ def _unexpired() -> ColumnElement[bool]:
     return or_(files.c.expires_at.is_(None), files.c.expires_at > int(time.time()))
 
 
-def _read_blob(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
+def _read_blob(f: BinaryIO) -> Iterator[bytes]:
+    with f:
         while data := f.read(1 << 16):
             yield data
 

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shellbox.agent import client as agent_client
-from shellbox.errors import AgentUnavailable
+from shellbox.errors import AgentUnavailable, SandboxError
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime
 
@@ -79,6 +79,11 @@ class WarmPool:
             except asyncio.CancelledError:  # closing: leave nothing half-made behind
                 await self._discard(cid)
                 raise
+            except SandboxError as exc:  # e.g. no free network slot: say it, no traceback
+                log.warning("could not start a pooled container (%s); retrying later", exc)
+                await self._discard(cid)
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                continue
             except Exception:
                 log.exception("could not start a pooled container; retrying later")
                 await self._discard(cid)
@@ -101,6 +106,9 @@ class WarmPool:
                     log.warning("pooled container %s does not answer; dropping it", spec.id)
                     await self._discard(spec.id)
                     continue
+                except BaseException:  # the request went away: the container is nobody's
+                    await asyncio.shield(self._discard(spec.id))
+                    raise
                 return spec
             return None
         finally:

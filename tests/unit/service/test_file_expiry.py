@@ -26,7 +26,7 @@ async def test_the_reaper_deletes_expired_files(runtime: OciRuntime, tmp_path: P
     db = create_database(settings.database_url())
     containers = ContainerService(settings, db, runtime)
     files = FileService(settings, db, containers)
-    short = upload(files, tmp_path, "short.txt", 1)
+    short = upload(files, tmp_path, "short.txt", 2)
     kept = upload(files, tmp_path, "kept.txt", 3600)
     forever = upload(files, tmp_path, "forever.txt", None)
     crashed = files.temp_path()
@@ -42,7 +42,7 @@ async def test_the_reaper_deletes_expired_files(runtime: OciRuntime, tmp_path: P
 
     await containers.reap_once()
     assert listed() == {short, kept, forever} and files.blob_dir.joinpath(short).exists()
-    time.sleep(1.1)
+    time.sleep(2.1)  # expires_at is a whole second, at most 2 s from the upload
     await containers.reap_once()
     assert listed() == {kept, forever}
     assert {p.name for p in files.blob_dir.iterdir()} == {kept, forever, in_flight.name}

@@ -110,16 +110,10 @@ async def delete_file(file_id: str, principal: PrincipalDep, services: ServicesD
     return JSONResponse(schemas.deleted(file_id, "file"))
 
 
-def _stream_path(path: os.PathLike[str] | str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while data := f.read(CHUNK):
-            yield data
-
-
 @router.get("/files/{file_id}/content")
 async def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -> Any:
-    path = services.files.file_content(principal, file_id)
-    return StreamingResponse(_stream_path(path), media_type="application/octet-stream")
+    chunks = services.files.file_content(principal, file_id)
+    return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
 # -- container files ------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import py_compile
+import re
 import shutil
 import socket
 import sys
@@ -79,6 +80,7 @@ log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
+RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
 
 
@@ -96,7 +98,9 @@ def sweep_stale_run_dirs(base: Path, *, keep: Path | None = None) -> list[Path]:
     if not base.is_dir():
         return removed
     for run_dir in base.iterdir():
-        if run_dir == keep or not run_dir.is_dir():
+        # Only the per-state-directory ones: others live here too (egress-slots, the
+        # host-wide slot claims of every server, must never go).
+        if run_dir == keep or not run_dir.is_dir() or not RUN_KEY.fullmatch(run_dir.name):
             continue
         owner = run_dir / OWNER_FILE
         try:

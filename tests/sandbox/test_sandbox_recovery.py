@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sandbox_helpers import IMAGE_DIR, REPO, run1
+from sandbox_helpers import IMAGE_DIR, REPO, host_pids, run1, wait_gone
 
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
@@ -169,8 +169,17 @@ async def test_an_interrupted_destroy_is_swept_up(host_state_dir: Path) -> None:
 async def test_the_exec_fallback_when_the_agent_socket_is_gone(
     runtime: OciRuntime, container: str
 ) -> None:
-    """``crun exec`` runs the call when the agent cannot be reached but the container runs."""
+    """``crun exec`` runs the call when the agent cannot be reached but the container runs;
+    a timeout there kills what the command started, and only that."""
+    kept, escaper = f"sleep 6161.{os.getpid()}", f"sleep 6262.{os.getpid()}"
+    await run1(runtime, container, f"({kept} &)")
     runtime.socket_path(container).unlink()
+    [timed_out] = await runtime.run(
+        container, ExecRequest([f"setsid {escaper} & ({escaper} &); sleep 60"], 500, 100)
+    )
+    assert timed_out.outcome.type == "timeout"
+    assert await wait_gone(escaper) == []  # the setsid one and the double-forked one
+    assert len(host_pids(kept)) == 1  # what ran before the call is left alone
     results = await runtime.run(container, ExecRequest(["id -u; pwd", "exit 4"], 10_000, 100))
     assert [(r.stdout, r.outcome.exit_code) for r in results] == [("1000\n/mnt/data\n", 0), ("", 4)]
     await runtime.start(container)  # the agent does not answer: the container is restarted

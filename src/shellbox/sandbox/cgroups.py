@@ -115,6 +115,22 @@ class HostCgroups:
         except (OSError, ValueError):
             return None
 
+    def pids(self, container_id: str) -> set[int]:
+        """Host pids of every process in the container's cgroup and its sub-cgroups (the
+        agent's per-command ones): where its processes are, wherever they daemonized to."""
+        if self.mode is CgroupMode.v2:
+            top = self.root / PARENT / container_id
+        else:
+            top = self.root / "pids" / PARENT / container_id
+        found: set[int] = set()
+        for dirpath, _, _ in os.walk(top):
+            try:
+                text = (Path(dirpath) / "cgroup.procs").read_text()
+            except OSError:
+                continue  # removed meanwhile
+            found.update(int(pid) for pid in text.split())
+        return found
+
     def existing(self) -> set[str]:
         """Ids of containers that have a cgroup on this host."""
         v2 = self.mode is CgroupMode.v2

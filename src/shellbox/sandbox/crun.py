@@ -50,6 +50,7 @@ import os
 import py_compile
 import re
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -537,8 +538,9 @@ class OciRuntime:
     async def _exec_fallback(
         self, container_id: str, request: ExecRequest
     ) -> builtins.list[CommandResult]:
-        """``crun exec`` per command: no per-command cgroup (a timeout kills the process group
-        only), no streaming. For a container whose agent is gone."""
+        """``crun exec`` per command, without streaming: for a container whose agent does not
+        listen. A timeout kills what the command started, however it daemonized: the
+        processes that appeared in the container's cgroup since (``_kill_new_processes``)."""
         env = self.container_env(container_id)
         env.update(request.env or {})
         results: builtins.list[CommandResult] = []
@@ -557,6 +559,7 @@ class OciRuntime:
                 "-c",
                 command,
             ]
+            before = self.cgroups.pids(container_id)
             proc = await self._spawn(
                 args,
                 hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid),
@@ -568,6 +571,7 @@ class OciRuntime:
                 code = proc.returncode or 0
                 outcome = Outcome("exit", 128 - code if code < 0 else code)
             except TimeoutError:
+                await self._kill_new_processes(container_id, before)
                 proc.kill()
                 out, err = await proc.communicate()
                 outcome = Outcome("timeout")
@@ -580,6 +584,17 @@ class OciRuntime:
                 )
             )
         return results
+
+    async def _kill_new_processes(self, container_id: str, before: set[int]) -> None:
+        """Kill every process of the container that is not in ``before``. The container is
+        frozen meanwhile, so nothing can fork past the list; the kills land as it thaws."""
+        await self.pause(container_id)
+        try:
+            for pid in self.cgroups.pids(container_id) - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            await self.resume(container_id)
 
     # -- OCI runtime calls ------------------------------------------------------------------
 

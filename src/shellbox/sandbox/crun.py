@@ -572,7 +572,8 @@ class OciRuntime:
                 outcome = Outcome("exit", 128 - code if code < 0 else code)
             except TimeoutError:
                 await self._kill_new_processes(container_id, before)
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # it may have ended with them
+                    proc.kill()
                 out, err = await proc.communicate()
                 outcome = Outcome("timeout")
             cap = request.max_output_length

@@ -4,6 +4,7 @@ namespace of our own, with a certificate from a test CA), servers, containers, c
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import socket
 import subprocess
@@ -115,11 +116,26 @@ def start_server(
     return EgressServer(srv.start(), key)
 
 
+def run_key(server: Any) -> str:
+    """The name of the server's volatile directory in /run/shellbox (and of its slot claims)."""
+    return hashlib.sha256(str(server.state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def egress_run_dir(es: EgressServer) -> Path:
+    """Where the server and its proxy share policy.json, the audit and the ready file."""
+    return Path("/run/shellbox") / run_key(es.server) / "egress"
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def owned_namespaces(server: Any) -> list[str]:
     """The egress namespaces the server's slots hold (their claim files name the server)."""
-    import hashlib
-
-    owner = hashlib.sha256(str(server.state_dir.resolve()).encode()).hexdigest()[:12]
+    owner = run_key(server)
     slots = Path("/run/shellbox/egress-slots")
     out = []
     for f in slots.glob("[0-9]*") if slots.exists() else []:

@@ -3,13 +3,11 @@ deleting a container frees its namespace."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
-import time
 from pathlib import Path
 
-from egress_helpers import EgressServer, Upstream, create, run
+from egress_helpers import EgressServer, Upstream, create, egress_run_dir, run, wait_for
 
 POLICY = {
     "type": "allowlist",
@@ -20,20 +18,11 @@ CURL = 'curl -sS -m 20 -H "Authorization: Bearer $TOKEN" https://api.example.tes
 
 
 def ready_file(es: EgressServer) -> Path:
-    key = hashlib.sha256(str(es.server.state_dir.resolve()).encode()).hexdigest()[:12]
-    return Path("/run/shellbox") / key / "egress" / "ready"
+    return egress_run_dir(es) / "ready"
 
 
 def proxy_pid(es: EgressServer) -> int:
     return int(ready_file(es).read_text())
-
-
-def wait_for(predicate: object, timeout_s: float = 15) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def netns_of(es: EgressServer, cid: str) -> str:

@@ -4,13 +4,17 @@ its own (``egress.warm_containers``); the proxy learns its policy only then."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import time
-from collections.abc import Callable
-from pathlib import Path
 
-from egress_helpers import EgressServer, Upstream, create, owned_namespaces, run
+from egress_helpers import (
+    EgressServer,
+    Upstream,
+    create,
+    egress_run_dir,
+    owned_namespaces,
+    run,
+    wait_for,
+)
 
 SECRET = "warm-s3cret-value"
 POLICY = {
@@ -34,16 +38,8 @@ def pooled_allowlist_ids(es: EgressServer) -> set[str]:
 
 def proxy_clients(es: EgressServer) -> set[str]:
     """The containers the proxy has a policy for (its policy.json, written by the server)."""
-    key = hashlib.sha256(str(es.server.state_dir.resolve()).encode()).hexdigest()[:12]
-    policy = json.loads((Path("/run/shellbox") / key / "egress" / "policy.json").read_text())
+    policy = json.loads((egress_run_dir(es) / "policy.json").read_text())
     return {c["container"] for c in policy["clients"].values()}
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_allowlist_creation_takes_a_pooled_container(
@@ -51,7 +47,7 @@ def test_allowlist_creation_takes_a_pooled_container(
 ) -> None:
     with egress.http as http:
         first = create(http, POLICY)  # the proxy runs from now on; the pool fills
-        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1, 20)
         [pooled] = pooled_allowlist_ids(egress)
         assert first in proxy_clients(egress) and pooled not in proxy_clients(egress)
         # A refused creation is refused before a pooled container is taken.
@@ -76,9 +72,9 @@ def test_allowlist_creation_takes_a_pooled_container(
 
         assert second in proxy_clients(egress)
         # Deleting gives the namespaces back: the warm ones and the refilled pool's remain.
-        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1, 20)
         before = len(owned_namespaces(egress.server))
         for cid in (first, second):
             http.delete(f"/v1/containers/{cid}")
-        wait_for(lambda: len(owned_namespaces(egress.server)) == before - 2)
+        wait_for(lambda: len(owned_namespaces(egress.server)) == before - 2, 20)
         assert proxy_clients(egress).isdisjoint({first, second})

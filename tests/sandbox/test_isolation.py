@@ -466,3 +466,68 @@ async def test_every_mount_has_the_flags_its_config_asks_for(
             assert {"nosuid", "nodev"} <= actual[destination], destination
     finally:
         await runtime.destroy(cid)
+
+
+def _as_host_uid(uid: int, command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run on the host as ``uid``/gid ``uid``, no other groups: what a process
+    that escaped a container's namespaces with that uid could do."""
+    return subprocess.run(
+        ["sh", "-c", command], user=uid, group=uid, extra_groups=[], capture_output=True,
+        text=True, cwd="/",
+    )  # fmt: skip
+
+
+async def test_each_container_is_its_own_host_uid_range(
+    runtime: OciRuntime, container: str
+) -> None:
+    """A kernel escape from one container is a host uid that owns that container's files and
+    nothing of another's: every container maps to a host uid range of its own, outside the
+    host's users and subordinate ranges, and its files are owned by that range."""
+    other = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=other))
+    await runtime.start(other)
+    try:
+        bases = {}
+        for cid in (container, other):
+            r = await run1(runtime, cid, "cat /proc/self/uid_map /proc/self/gid_map")
+            maps = [line.split() for line in r.stdout.splitlines()]
+            assert maps[0] == maps[1] and maps[0][0] == "0" and maps[0][2] == "65536", maps
+            bases[cid] = int(maps[0][1])
+            assert bases[cid] == runtime.uid_base(cid)
+            r = await run1(runtime, cid, "echo mine > /mnt/data/own.txt; touch ~/home.txt; id -u")
+            assert r.stdout == "1000\n"
+            data = runtime.data_dir(cid)
+            assert data.stat().st_uid == bases[cid] + 1000
+            assert (data / "own.txt").stat().st_uid == bases[cid] + 1000
+            upper = runtime.container_dir(cid) / "upper" / "home" / "user" / "home.txt"
+            assert upper.stat().st_uid == bases[cid] + 1000
+        a, b = bases[container], bases[other]
+        assert abs(a - b) >= 65536
+        for base in (a, b):  # neither the image's range nor any host id
+            assert not 100_000 - 65536 < base < 100_000 + 65536
+        host_ids = {
+            int(line.split(":")[2])
+            for name in ("passwd", "group")
+            for line in (Path("/etc") / name).read_text().splitlines()
+            if line.count(":") >= 2
+        }
+        assert not any(a <= i < a + 65536 or b <= i < b + 65536 for i in host_ids)
+        # "Escaped" host processes of the first container, as its root and its user.
+        other_dir = runtime.container_dir(other)
+        for uid in (a, a + 1000):
+            for command in (
+                f"ls {other_dir}",
+                f"cat {runtime.data_dir(other)}/own.txt",
+                f"echo evil >> {runtime.data_dir(other)}/own.txt",
+                f"touch {other_dir}/upper/evil",
+            ):
+                done = _as_host_uid(uid, command)
+                assert done.returncode != 0, (uid, command)
+                assert "Permission denied" in done.stderr, (uid, command, done.stderr)
+        assert (runtime.data_dir(other) / "own.txt").read_text() == "mine\n"
+        # The image is shared: readable, never writable, by any container's uids.
+        done = _as_host_uid(a, f"cat {runtime.image_rootfs}/etc/hostname; touch "
+                            f"{runtime.image_rootfs}/etc/evil")  # fmt: skip
+        assert done.returncode != 0 and "Permission denied" in done.stderr
+    finally:
+        await runtime.destroy(other)

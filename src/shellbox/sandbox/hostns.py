@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shellbox.sandbox import idmap
+
 CLONE_NEWNS = 0x00020000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -60,6 +62,8 @@ class Namespace:
     hybrid: bool = False
     overlay_options: str = ""  # "lowerdir=...,upperdir=...,workdir=..."
     overlay_target: str = ""
+    image: str = ""  # mounted id-mapped at overlay_target first, shifted to image_base
+    image_base: int = 0
 
     @property
     def needed(self) -> bool:
@@ -186,6 +190,8 @@ def exec_in(ns: Namespace, argv: list[str], env: dict[str, str]) -> Callable[[],
             _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
             if ns.hybrid:
                 _hide_unified()
+            if ns.image:
+                idmap.mount_image(ns.image, ns.overlay_target, ns.image_base)
             if ns.overlay_options:
                 mount_overlay(ns.overlay_target, ns.overlay_options)
             os.closerange(3, MAX_FD)  # also Popen's error pipe: exec counts as done

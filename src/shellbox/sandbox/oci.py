@@ -1,9 +1,9 @@
 """Pure builders for the OCI bundle's ``config.json`` and its seccomp profile.
 
-Every container runs in its own user namespace: container uid 0 is host uid ``HOST_UID_BASE``
-and the sandbox user (1000) is ``HOST_UID_BASE + 1000``. The shared image is stored with its
-owners shifted by the same base (``image.py``), so it looks normal from inside while nothing in
-a container is root on the host.
+Every container runs in its own user namespace over a host uid range of its own
+(``idmap.py``): container uid 0 is host uid ``uid_base`` and the sandbox user (1000) is
+``uid_base + 1000``, so nothing in a container is root on the host, nor the owner of another
+container's files.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, ContainerSpec
+from shellbox.sandbox.idmap import RANGE_SIZE
 
-HOST_UID_BASE = 100_000  # must match image.py's ownership shift
-ID_MAP_SIZE = 65_536
+ID_MAP_SIZE = RANGE_SIZE
 SANDBOX_UID = 1000  # must match agent/protocol.py SANDBOX_UID
 AGENT_DIR = "/opt/shellbox/agent"  # where the agent's source is mounted read-only
 SOCKET_DIR = "/run/shellbox"  # must match agent/protocol.py SOCKET_DIR
@@ -34,10 +34,6 @@ SANDBOX_PATH = "/home/user/.local/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sb
 NOFILE_LIMIT = 4096  # at or below the host's hard limit (20000 here: root lacks CAP_SYS_RESOURCE)
 
 
-def host_uid(container_uid: int) -> int:
-    return HOST_UID_BASE + container_uid
-
-
 def build_config(
     spec: ContainerSpec,
     *,
@@ -46,6 +42,7 @@ def build_config(
     run_dir: Path,
     agent_dir: Path,
     cgroups_path: str,
+    uid_base: int,
     seccomp: Mapping[str, Any] | None,
     seccomp_bpf: bytes | None = None,
     hosts_file: Path | None = None,
@@ -160,8 +157,8 @@ def build_config(
         "hostname": "sandbox",
         "mounts": mounts,
         "linux": {
-            "uidMappings": [{"containerID": 0, "hostID": HOST_UID_BASE, "size": ID_MAP_SIZE}],
-            "gidMappings": [{"containerID": 0, "hostID": HOST_UID_BASE, "size": ID_MAP_SIZE}],
+            "uidMappings": [{"containerID": 0, "hostID": uid_base, "size": ID_MAP_SIZE}],
+            "gidMappings": [{"containerID": 0, "hostID": uid_base, "size": ID_MAP_SIZE}],
             "cgroupsPath": cgroups_path,
             "resources": {
                 "memory": {"limit": memory, "swap": memory},

@@ -548,6 +548,10 @@ class ContainerService:
     def data_dir(self, cid: str) -> Path:
         return self.runtime.data_dir(cid)
 
+    def host_uid(self, cid: str, container_uid: int) -> int:
+        """Who ``container_uid`` of this container is on the host (each has its own range)."""
+        return self.runtime.host_uid(cid, container_uid)
+
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,

@@ -61,7 +61,13 @@ from typing import Any, Literal
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
-from shellbox.errors import AgentNotReachable, AgentUnavailable, ContainerNotFound, SandboxError
+from shellbox.errors import (
+    AgentNotReachable,
+    AgentUnavailable,
+    ContainerNotFound,
+    SandboxError,
+    ShellboxError,
+)
 from shellbox.sandbox import hostns, idmap, oci
 from shellbox.sandbox.base import (
     CommandFinished,
@@ -144,7 +150,10 @@ class OciRuntime:
             raise SandboxError(msg)
         self.cgroups = HostCgroups(detect_mode())
         # Once per process, while it has no threads: OCI calls then need no namespace set-up.
-        hostns.enter_private_namespace(self.cgroups.mode is CgroupMode.hybrid)
+        hostns.enter_private_namespace(
+            self.cgroups.mode is CgroupMode.hybrid, self.uid_ranges.count
+        )
+        hostns.make_room_for(self.uid_ranges.count)
         self.seccomp = oci.load_seccomp() if seccomp else None
         key = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.run_base = RUN_BASE / key
@@ -292,7 +301,7 @@ class OciRuntime:
         if root_uid is None:
             try:
                 root_uid = self.uid_ranges.claim(cdir)
-            except SandboxError:
+            except ShellboxError:
                 shutil.rmtree(cdir, ignore_errors=True)
                 raise
             idmap.write_base(cdir, root_uid)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir, run1
 
-from shellbox.errors import SandboxError
+from shellbox.errors import CapacityExceeded, SandboxError
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, uid_ranges
 from shellbox.sandbox.idmap import IMAGE_UID_BASE, RANGE_FILE, UidRanges
@@ -78,7 +78,7 @@ async def test_ranges_are_unique_host_wide_and_kept_across_restarts(
 async def test_a_range_is_freed_on_destroy_and_taken_back_when_its_owner_is_gone(
     host_state_dir: Path, tmp_path: Path
 ) -> None:
-    """A pool of two ranges: a third container is refused with a message; destroying one
+    """A pool of two ranges: a third container is refused (429, retry); destroying one
     frees its range; the range of a container whose directory vanished without a destroy
     (a deleted state directory) is taken back once the pool runs out."""
     claims = tmp_path / "claims"
@@ -86,7 +86,7 @@ async def test_a_range_is_freed_on_destroy_and_taken_back_when_its_owner_is_gone
     a, b, c = (new_id("cntr_") for _ in range(3))
     await rt.create(ContainerSpec(id=a))
     await rt.create(ContainerSpec(id=b))
-    with pytest.raises(SandboxError, match="all 2 container uid ranges are in use"):
+    with pytest.raises(CapacityExceeded, match=r"already holds 2 containers.*uid_range_count"):
         await rt.create(ContainerSpec(id=c))
     freed = rt.uid_base(a)
     await rt.destroy(a)

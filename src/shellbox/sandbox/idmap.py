@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shellbox.errors import SandboxError
+from shellbox.errors import CapacityExceeded, SandboxError
 
 IMAGE_UID_BASE = 100_000  # how image.py stores the image's owners; must match image.py
 RANGE_SIZE = 65_536
@@ -212,8 +212,11 @@ class UidRanges:
                 if self._create(index, owner):
                     self._next = index + 1
                     return self.base(index)
-        msg = f"all {self.count} container uid ranges are in use (runtime.uid_range_count)"
-        raise SandboxError(msg)
+        msg = (
+            f"this host already holds {self.count} containers, the most it may "
+            f"(runtime.uid_range_count); delete some or retry later"
+        )
+        raise CapacityExceeded(msg)
 
     def hold(self, base: int, owner: Path) -> None:
         """Make sure ``owner`` holds the range at ``base`` (a server restart, a host reboot

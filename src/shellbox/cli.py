@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import sys
 from pathlib import Path
@@ -93,18 +92,6 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _keys_exist(settings: Settings) -> bool:
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
@@ -123,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shellbox.app import create_app
+    from shellbox.service.keys import is_loopback
     from shellbox.services import create_services
 
     server: dict[str, Any] = {}

@@ -118,3 +118,51 @@ def test_special_files_and_ids_in_paths(client: Any, http: httpx.Client, cid: st
         assert r.status_code == 404, (bad, r.text)
     r = http.get("/v1/containers/..%2f..%2fetc/files")
     assert r.status_code == 404
+
+
+# Each is refused by the kernel: one component over 255 bytes (ENAMETOOLONG), after a new
+# directory and on its own, and a whole path over PATH_MAX whose components all fit.
+KERNEL_REFUSED = ["new/" + "a" * 256, "b" * 256, "new/" + "/".join(["d" * 200] * 21)]
+
+
+def test_names_the_kernel_refuses_are_400_everywhere_and_leave_nothing(
+    http: httpx.Client, server: Any, cid: str
+) -> None:
+    data = _data_dir(server, cid)
+    before = sorted(p.name for p in data.iterdir())
+    base = f"/v1/containers/{cid}"
+    for name in KERNEL_REFUSED:
+        answers = {
+            "upload": (
+                http.post(f"{base}/files", files={"file": (name, b"x")}),
+                "file",
+            ),
+            "workspace write": (
+                http.put(f"{base}/workspace/file", params={"path": name}, content=b"x"),
+                "path",
+            ),
+            "workspace read": (http.get(f"{base}/workspace/file", params={"path": name}), "path"),
+            "archive import": (
+                http.put(f"{base}/workspace/archive", params={"path": name}, content=b""),
+                "path",
+            ),
+        }
+        for what, (r, param) in answers.items():
+            assert r.status_code == 400, (what, name[:20], r.status_code, r.text[:300])
+            err = r.json()["error"]
+            assert err["param"] == param, (what, err)
+        out = http.post(
+            f"{base}/calls",
+            json={
+                "type": "apply_patch_call",
+                "call_id": "p",
+                "operation": {"type": "create_file", "path": name, "diff": "+x\n"},
+            },
+        )
+        assert out.status_code == 200, out.text[:300]
+        assert out.json()["status"] == "failed" and "bytes" in out.json()["output"]
+    # Nothing was made on the way: no empty 'new' directory, no temporary file.
+    assert sorted(p.name for p in data.iterdir()) == before
+    # The Files API keeps a base name that must later fit in /mnt/data (file_ids): refused now.
+    r = http.post("/v1/files", files={"file": ("c" * 256, b"x")}, data={"purpose": "user_data"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text[:300]

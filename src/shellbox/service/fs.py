@@ -125,14 +125,16 @@ def _parent_fd(root: Path, rel: str, *, param: str = "path") -> Iterator[int]:
         os.close(fd)
 
 
-def resolve(root: Path, rel: str, *, param: str = "path") -> str:
+def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = False) -> str:
     """``rel`` with each symbolic link on it followed the way a process in the container
     would follow it, as long as every one stays inside /mnt/data: the result has no links
     left on it (what is missing at its end is returned as named, for a write to create).
 
     A link that leads out (to ``/etc/passwd``, ``../..``, another mount) raises
-    PathOutsideWorkspace. The answer is only a name: the caller then opens it with the
-    link-refusing walk, so a link planted after this check is refused, never followed.
+    PathOutsideWorkspace. A path that leads back to /mnt/data itself is ``""`` with
+    ``allow_root``, a client error otherwise (it is not a file). The answer is only a name:
+    the caller then opens it with the link-refusing walk, so a link planted after this check
+    is refused, never followed.
     """
     todo = rel.split("/")[::-1]  # components still to walk, next one last
     done: list[str] = []
@@ -179,6 +181,8 @@ def resolve(root: Path, rel: str, *, param: str = "path") -> str:
                     raise InvalidRequest(msg, param=param)
                 fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
             done.append(part)
+        if not done and allow_root:
+            return ""
         if not done:
             msg = f"{DATA_MOUNT}/{rel} leads to the data directory itself, not a file"
             raise InvalidRequest(msg, param=param)

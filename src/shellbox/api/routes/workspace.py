@@ -40,6 +40,17 @@ async def read_file(
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
+@router.get("/path")
+async def resolve_path(
+    container_id: str, principal: PrincipalDep, services: ServicesDep, path: PathQuery
+) -> JSONResponse:
+    """Where the path leads once its symbolic links are followed, as long as they stay inside
+    /mnt/data; a link that leads out is a 400 with code ``path_outside_workspace``. (What an
+    SDK sandbox checks before it lists, moves or removes a path with a command.)"""
+    where = _workspace(services).resolve(principal, container_id, path)
+    return JSONResponse({"object": "container.workspace.path", "path": where})
+
+
 @router.put("/file")
 async def write_file(
     container_id: str,

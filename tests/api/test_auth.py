@@ -177,6 +177,7 @@ def test_revoking_the_last_key_never_reopens_the_server(server_factory: Any) -> 
     srv.stop()
     srv.start()
     assert httpx.get(f"{srv.base_url}/containers", headers=_bearer("x")).status_code == 401
+    assert "every API key has been revoked" in srv.log()  # said at start-up too
     # A key created in another process works at once, without a restart.
     fresh = srv.create_key("again")
     assert httpx.get(f"{srv.base_url}/containers", headers=_bearer(fresh)).status_code == 200

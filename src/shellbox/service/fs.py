@@ -25,6 +25,7 @@ MAX_SCAN_DEPTH = 64
 NAME_MAX = 255  # bytes in one path component (Linux)
 PATH_MAX = 4096  # bytes in a whole path, its NUL included (Linux)
 MAX_SYMLINKS = 40  # links followed while resolving one path (Linux's own limit)
+MAX_RESOLVE_STEPS = 4096  # directories opened to resolve one path: ~85 ms for a crafted tree
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -136,9 +137,8 @@ def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = Fal
     the caller then opens it with the link-refusing walk, so a link planted after this check
     is refused, never followed.
     """
+    walk = _Walk(root, param, rel)
     todo = rel.split("/")[::-1]  # components still to walk, next one last
-    done: list[str] = []
-    fds = [os.open(root, _DIR_FLAGS)]  # fds[i]: the directory done[:i]
     hops = 0
     try:
         while todo:
@@ -146,47 +146,45 @@ def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = Fal
             if part in ("", "."):
                 continue
             if part == "..":
-                if not done:
+                if not walk.done:
                     raise _outside(rel, param)
-                done.pop()
-                os.close(fds.pop())
+                walk.up()
                 continue
             try:
-                st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
+                st = os.stat(part, dir_fd=walk.fd(), follow_symlinks=False)
             except FileNotFoundError:
                 rest = [p for p in reversed(todo) if p not in ("", ".")]
                 if ".." in rest:
-                    msg = f"no directory at {DATA_MOUNT}/{'/'.join([*done, part])}"
+                    msg = f"no directory at {DATA_MOUNT}/{'/'.join([*walk.done, part])}"
                     raise FileNotFound(msg, param=param) from None
-                return "/".join([*done, part, *rest])
+                return "/".join([*walk.done, part, *rest])
             if stat.S_ISLNK(st.st_mode):
                 hops += 1
                 if hops > MAX_SYMLINKS:
                     msg = f"{DATA_MOUNT}/{rel} goes through more than {MAX_SYMLINKS} links"
                     raise InvalidRequest(msg, param=param)
-                target = os.readlink(part, dir_fd=fds[-1])
+                target = os.readlink(part, dir_fd=walk.fd())
                 if target.startswith("/"):
                     inside = _inside_mount(target)
                     if inside is None:
                         raise _outside(rel, param)
-                    while len(fds) > 1:
-                        os.close(fds.pop())
-                    done.clear()
+                    walk.to_root()
                     target = inside
                 todo.extend(target.split("/")[::-1])
                 continue
             if any(p not in ("", ".") for p in todo):
                 if not stat.S_ISDIR(st.st_mode):
-                    msg = f"{DATA_MOUNT}/{'/'.join([*done, part])} is not a directory"
+                    msg = f"{DATA_MOUNT}/{'/'.join([*walk.done, part])} is not a directory"
                     raise InvalidRequest(msg, param=param)
-                fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
-            done.append(part)
-        if not done and allow_root:
+                walk.down(part)
+            else:
+                walk.done.append(part)
+        if not walk.done and allow_root:
             return ""
-        if not done:
+        if not walk.done:
             msg = f"{DATA_MOUNT}/{rel} leads to the data directory itself, not a file"
             raise InvalidRequest(msg, param=param)
-        resolved = "/".join(done)
+        resolved = "/".join(walk.done)
         check_name_limits(resolved, shown=rel, param=param)
         return resolved
     except OSError as exc:
@@ -195,8 +193,62 @@ def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = Fal
             raise
         raise mapped from None
     finally:
-        for fd in fds:
-            os.close(fd)
+        walk.close()
+
+
+class _Walk:
+    """Where ``resolve`` is: the directories walked (``done``) and one fd of the last, opened
+    again from the root (lazily) after a ``..``. One directory is open at a time whatever the
+    depth, and every open counts against MAX_RESOLVE_STEPS, so links the sandbox made cannot
+    make one request hold many descriptors or do unbounded work."""
+
+    def __init__(self, root: Path, param: str, rel: str) -> None:
+        self.root = root
+        self.param = param
+        self.rel = rel
+        self.done: list[str] = []
+        self.steps = 0
+        self._fd: int | None = None
+
+    def _open(self, name: str | Path, dir_fd: int | None) -> int:
+        self.steps += 1
+        if self.steps > MAX_RESOLVE_STEPS:
+            msg = f"{DATA_MOUNT}/{self.rel} takes too many steps to resolve (links on links?)"
+            raise InvalidRequest(msg, param=self.param)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+    def fd(self) -> int:
+        if self._fd is None:
+            fd = self._open(self.root, None)
+            try:
+                for part in self.done:
+                    nxt = self._open(part, fd)
+                    os.close(fd)
+                    fd = nxt
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd
+
+    def down(self, part: str) -> None:
+        nxt = self._open(part, self.fd())
+        self.close()
+        self._fd = nxt
+        self.done.append(part)
+
+    def up(self) -> None:
+        self.done.pop()
+        self.close()
+
+    def to_root(self) -> None:
+        self.done.clear()
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _inside_mount(target: str) -> str | None:
@@ -265,18 +317,18 @@ def write_file(
     parts = rel.split("/")
     name = parts[-1]
     tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
-    fd = os.open(root, _DIR_FLAGS)
-    fds = [fd]  # the directories walked, root first; closed at the end
+    base = os.open(root, _DIR_FLAGS)  # one directory open at a time, however deep the path
     try:
         depth = 0
         for part in parts[:-1]:
             try:
-                fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
             except FileNotFoundError:
                 break
+            os.close(base)
+            base = nxt
             depth += 1
         missing = parts[depth:-1]
-        base = fds[-1]
         if not missing:
             _refuse_directory(base, name, rel, param)
         size = _write_temp(base, tmp, chunks, uid, mode)
@@ -302,8 +354,7 @@ def write_file(
             raise
         raise mapped from None
     finally:
-        for f in fds:
-            os.close(f)
+        os.close(base)
 
 
 def _refuse_directory(dfd: int, name: str, rel: str, param: str) -> None:

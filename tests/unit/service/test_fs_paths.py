@@ -4,6 +4,8 @@ nothing behind, and ``resolve`` follows links only while they stay inside /mnt/d
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +143,23 @@ def test_resolve_follows_links_only_inside_the_data_directory(tmp_path: Path) ->
         fs.resolve(tmp_path, "gone-up")
     # Nothing outside was touched or created on the way.
     assert not Path("/mnt/data/real").exists()
+
+
+def test_deep_paths_cost_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
+    deep = "/".join(["d"] * 300) + "/f.txt"
+    # With 64 descriptors in all: a write or a resolve that kept every directory on the way
+    # open would fail with EMFILE (a 500).
+    code = (
+        "import os, resource, sys; from pathlib import Path; from shellbox.service import fs\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
+        f"root = Path({str(tmp_path)!r})\n"
+        f"print(fs.write_file(root, {deep!r}, iter([b'ok']), uid=os.getuid()))\n"
+        f"fd = fs.open_read(root, {deep!r}); print(os.read(fd, 10).decode())\n"
+        f"print(fs.resolve(root, {deep!r}) == {deep!r})\n"
+        # a link back up at the bottom: each '..' is cheap, the walk down again is one pass
+        f"os.symlink('../' * 300 + {deep!r}, root / {deep!r}.replace('f.txt', 'back'))\n"
+        f"print(fs.resolve(root, {deep!r}.replace('f.txt', 'back')) == {deep!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2", "ok", "True", "True"]

@@ -5,6 +5,11 @@ The sandbox controls everything under its data directory, including symlinks tha
 host paths (``/etc/shadow``) or into another container's tree. So every path is opened one
 component at a time from a directory file descriptor with ``O_NOFOLLOW``: a symlink anywhere
 on the way is refused, and a directory swapped for a symlink mid-walk cannot redirect us.
+Where links must be followed (the workspace endpoints, as an SDK sandbox expects), ``resolve``
+follows them as the container would, only while they stay inside, and its answer is then
+opened with the same refusing walk.
+
+Every error a client's path can cause is an InvalidRequest naming the request's field.
 """
 
 from __future__ import annotations
@@ -98,7 +103,13 @@ def path_error(exc: OSError, rel: str, param: str) -> InvalidRequest | None:
     reason = _PATH_ERRNOS.get(exc.errno or 0)
     if reason is None:
         return None
-    return InvalidRequest(f"{DATA_MOUNT}/{rel} {reason}", param=param)
+    return InvalidRequest(f"{_shown(rel)} {reason}", param=param)
+
+
+def _shown(rel: str) -> str:
+    """``rel`` as messages show it: absolute, and cut short when it is very long."""
+    where = f"{DATA_MOUNT}/{rel}"
+    return where if len(where) <= 200 else f"{where[:200]}..."
 
 
 @contextlib.contextmanager
@@ -263,10 +274,7 @@ def _inside_mount(target: str) -> str | None:
 
 
 def _outside(rel: str, param: str) -> PathOutsideWorkspace:
-    msg = (
-        f"{DATA_MOUNT}/{rel} is or goes through a symbolic link that leads outside "
-        f"{DATA_MOUNT}; refused"
-    )
+    msg = f"{_shown(rel)} is or goes through a symbolic link that leads outside {DATA_MOUNT}"
     return PathOutsideWorkspace(msg, param=param)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import sys
 from pathlib import Path
@@ -93,26 +92,16 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _keys_exist(settings: Settings) -> bool:
+def _key_state(settings: Settings) -> tuple[bool, bool]:
+    """(whether any key is active, whether the store ever held a key)."""
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())
     try:
-        return KeyService(db).any_active()
+        keys = KeyService(db)
+        return keys.any_active(), keys.ever_had_key()
     finally:
         db.dispose()
 
@@ -123,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shellbox.app import create_app
+    from shellbox.service.keys import is_loopback
     from shellbox.services import create_services
 
     server: dict[str, Any] = {}
@@ -157,13 +147,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Checked before anything is built: with no keys every bearer token is accepted, which is
     # only safe when nothing but this machine can connect.
-    if not is_loopback(settings.server.host) and not _keys_exist(settings):
+    active, ever = _key_state(settings)
+    if not is_loopback(settings.server.host) and not active:
         print(
             f"shellbox: refusing to listen on {settings.server.host} with no API keys: create "
             "one with `shellbox keys create --project NAME`, or bind 127.0.0.1",
             file=sys.stderr,
         )
         return 2
+    if ever and not active:
+        # Not open mode: that is only for a store that never held a key.
+        print(
+            "shellbox: every API key has been revoked, so every request will be refused "
+            "until one is created with `shellbox keys create --project NAME`",
+            file=sys.stderr,
+        )
     services = create_services(settings)  # builds the image first if it is missing
     app = create_app(settings, services)
     uvicorn.run(

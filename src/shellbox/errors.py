@@ -6,7 +6,8 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
 
     ShellboxError
     ├── InvalidRequest (400)
-    │   └── PayloadTooLarge (413)
+    │   ├── PayloadTooLarge (413)
+    │   └── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
     ├── AuthenticationFailed (401)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
@@ -31,6 +32,7 @@ class ErrorCode(StrEnum):
     invalid_value = "invalid_value"
     missing_required_parameter = "missing_required_parameter"
     payload_too_large = "payload_too_large"
+    path_outside_workspace = "path_outside_workspace"
     invalid_api_key = "invalid_api_key"
     not_found = "not_found"
     container_not_found = "container_not_found"
@@ -75,6 +77,12 @@ class InvalidRequest(ShellboxError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = ErrorCode.payload_too_large
+
+
+class PathOutsideWorkspace(InvalidRequest):
+    """A symbolic link on the path leads out of the container's /mnt/data."""
+
+    code = ErrorCode.path_outside_workspace
 
 
 class AuthenticationFailed(ShellboxError):

@@ -80,9 +80,6 @@ class LifecycleSettings(_Section):
 class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind")
-    auth_cache_s: float = Field(
-        1.0, ge=0, description="seconds a valid key is remembered (a revocation's delay)"
-    )
 
 
 class StoreSettings(_Section):

@@ -209,8 +209,10 @@ def cmd_patch(args: argparse.Namespace) -> int:
     """Apply a ``*** Begin Patch`` envelope to a container's /mnt/data (all or nothing)."""
     from shellbox.errors import ContainerNotFound, InvalidRequest
     from shellbox.patch import PatchError, parse_patch
+    from shellbox.sandbox import uid_ranges
     from shellbox.sandbox.crun import OciRuntime
     from shellbox.sandbox.image import image_for
+    from shellbox.sandbox.oci import SANDBOX_UID
     from shellbox.service.patching import apply_operations
 
     settings = _settings(args)
@@ -221,12 +223,15 @@ def cmd_patch(args: argparse.Namespace) -> int:
         msg = f"{args.file}: {exc}"
         raise InvalidRequest(msg) from None
     runtime = OciRuntime(
-        settings.state_dir, image_for(settings.image_dir(), settings.runtime.image_profile).path
+        settings.state_dir,
+        image_for(settings.image_dir(), settings.runtime.image_profile).path,
+        uid_ranges=uid_ranges(settings),
     )
     if not (runtime.container_dir(args.container) / "spec.json").exists():
         msg = f"no container {args.container!r} in {settings.state_dir}"
         raise ContainerNotFound(msg)
-    completed, output = apply_operations(runtime.data_dir(args.container), ops)
+    uid = runtime.host_uid(args.container, SANDBOX_UID)
+    completed, output = apply_operations(runtime.data_dir(args.container), uid, ops)
     print(output, file=sys.stdout if completed else sys.stderr)
     return 0 if completed else 1
 

@@ -14,6 +14,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ├── Conflict (409, never retried)
     │   └── ContainerNotRunning
     ├── QuotaExceeded (429)
+    │   └── CapacityExceeded: the host runs all the containers it may (retry later)
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -41,6 +42,7 @@ class ErrorCode(StrEnum):
     conflict = "conflict"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
+    capacity_exceeded = "capacity_exceeded"
     upstream_error = "upstream_error"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
@@ -129,6 +131,14 @@ class QuotaExceeded(ShellboxError):
     type = "rate_limit_error"
     code = ErrorCode.quota_exceeded
     retryable = False
+
+
+class CapacityExceeded(QuotaExceeded):
+    """Every container this host may hold exists (``runtime.uid_range_count``): a limit of
+    the host, not of the caller's project, that frees up as containers end."""
+
+    code = ErrorCode.capacity_exceeded
+    retryable = True
 
 
 class UpstreamError(ShellboxError):

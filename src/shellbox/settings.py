@@ -33,6 +33,19 @@ class RuntimeSettings(_Section):
     image_dir: Path | None = Field(
         None, description="where images are cached; default: <state_dir>/images"
     )
+    uid_range_first: int = Field(
+        0x7000_0000,
+        ge=1 << 17,
+        description="first host uid of the pool of per-container uid ranges (65536 each, a "
+        "multiple of 65536); must not overlap host users or /etc/subuid ranges",
+    )
+    uid_range_count: int = Field(
+        4094, ge=1, description="container uid ranges in the pool: containers on the host at once"
+    )
+    uid_claims_dir: Path = Field(
+        Path("/var/lib/shellbox-uid-ranges"),
+        description="host-wide claims of uid ranges, shared by every shellbox server on the host",
+    )
 
 
 class LimitSettings(_Section):

@@ -19,6 +19,7 @@ from shellbox.sandbox.base import (
     SandboxInfo,
 )
 from shellbox.sandbox.crun import OciRuntime
+from shellbox.sandbox.idmap import UidRanges
 from shellbox.sandbox.image import ensure_image
 from shellbox.settings import Settings
 
@@ -36,6 +37,7 @@ __all__ = [
     "Runtime",
     "SandboxInfo",
     "create_runtime",
+    "uid_ranges",
 ]
 
 
@@ -50,4 +52,11 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
         image.path,
         binary=settings.runtime.type,
         seccomp=settings.runtime.seccomp,
+        uid_ranges=uid_ranges(settings),
     )
+
+
+def uid_ranges(settings: Settings) -> UidRanges:
+    """The host-wide pool of container uid ranges the settings describe."""
+    rt = settings.runtime
+    return UidRanges(rt.uid_range_first, rt.uid_range_count, rt.uid_claims_dir)

@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, delete, insert, or_, select, update
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
 from shellbox.ids import new_id
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.service import fs
 from shellbox.service.containers import ContainerService
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
@@ -229,9 +229,8 @@ class FileService:
 
     def _write(self, cid: str, filename: str, chunks: Iterator[bytes], param: str) -> None:
         rel = fs.relative_path(filename, param=param)
-        fs.write_file(
-            self.containers.data_dir(cid), rel, chunks, uid=host_uid(SANDBOX_UID), param=param
-        )
+        uid = self.containers.host_uid(cid, SANDBOX_UID)
+        fs.write_file(self.containers.data_dir(cid), rel, chunks, uid=uid, param=param)
 
     def _index_written(self, cid: str, filename: str) -> ContainerFileRecord:
         rel = fs.relative_path(filename, param="file")

@@ -32,7 +32,7 @@ from shellbox.errors import (
 )
 from shellbox.ids import new_id
 from shellbox.sandbox.base import CommandFinished, CommandResult, ExecRequest
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.service import fs
 from shellbox.service.containers import LIVE, ContainerService
 from shellbox.service.models import ContainerRecord, Principal
@@ -159,10 +159,11 @@ class WorkspaceService:
     async def _receive(self, cid: str, rel: str, body: AsyncIterator[bytes]) -> int:
         root = self.containers.data_dir(cid)
         cap = self.upload_max_bytes
+        uid = self.containers.host_uid(cid, SANDBOX_UID)
 
         def write() -> int:
             chunks = _capped(_pull(body), cap)
-            return fs.write_file(root, rel, chunks, uid=host_uid(SANDBOX_UID))
+            return fs.write_file(root, rel, chunks, uid=uid)
 
         return await anyio.to_thread.run_sync(write)
 

@@ -253,3 +253,28 @@ def test_secrets_are_sent_over_https_only(
     assert [s["path"] for s in seen] == ["/echo?plain=1"], seen
     assert not any(SECRET in str(s) or placeholder in str(s) for s in seen)
     assert sum("only sent over HTTPS" in (e["reason"] or "") for e in events) >= 2, events
+
+
+# -- at rest ----------------------------------------------------------------------------------
+
+
+def test_secrets_at_rest_are_sealed_and_for_root_only(
+    egress: EgressServer, box: tuple[str, str]
+) -> None:
+    """A copy of the database (file, WAL, shared memory) holds no value; the database and
+    the key that seals the values are root's only; the key is not in the database."""
+    cid, _ = box
+    with egress.http as http:  # the secret is in use
+        [r] = run(http, cid, f'{CURL} -H "X-Tok: $API_KEY" https://api.example.test/echo')
+    assert '"x-tok": "shellbox-secret-' in r["stdout"], r
+    private = egress.server.state_dir / "private"
+    assert private.stat().st_mode & 0o777 == 0o700
+    db_files = list(private.glob("shellbox.db*"))
+    assert {p.name for p in db_files} >= {"shellbox.db", "shellbox.db-wal"}, db_files
+    key = (private / "secrets.key").read_bytes().strip()
+    for p in [*db_files, private / "secrets.key"]:
+        assert p.stat().st_mode & 0o777 == 0o600, p
+    stored = b"".join(p.read_bytes() for p in db_files)
+    assert SECRET.encode() not in stored and SECRET.lower().encode() not in stored.lower()
+    assert base64.b64encode(SECRET.encode())[:20] not in stored
+    assert key not in stored

@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
-from egress_helpers import EgressServer, Upstream, create, run
+from egress_helpers import SNI_PROBE, EgressServer, Upstream, create, run
 
 SECRET = "Sk-Live-0123456789abcdef/egress+Secret"
 POLICY = {
@@ -162,26 +162,45 @@ def test_a_streamed_body_is_scrubbed_across_its_chunks(
         assert not readable(r["stdout"]), (form, r["stdout"])
 
 
-# -- one host per request ---------------------------------------------------------------------
-
-SNI_PROBE = r"""
-import socket, ssl, sys
-host, sni = sys.argv[1], sys.argv[2]
-proxy = __import__("os").environ["HTTPS_PROXY"].split("//")[1]
-s = socket.create_connection((proxy.split(":")[0], int(proxy.split(":")[1])), timeout=10)
-s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+WS_PROBE = r"""
+import os, socket, ssl, sys
+proxy = os.environ["HTTPS_PROXY"].split("//")[1].split(":")
+s = socket.create_connection((proxy[0], int(proxy[1])), timeout=10)
+s.sendall(b"CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\n\r\n")
 assert s.recv(4096).startswith(b"HTTP/1.1 200"), "CONNECT refused"
-ctx = ssl.create_default_context()
-ctx.check_hostname = False
-t = ctx.wrap_socket(s, server_hostname=sni)
-key = __import__("os").environ["API_KEY"]
-head = f"GET /echo HTTP/1.1\r\nHost: {host}\r\nX-Tok: {key}\r\nConnection: close\r\n"
-t.sendall(head.encode() + b"\r\n")
+t = ssl.create_default_context().wrap_socket(s, server_hostname="api.example.test")
+key = os.environ["API_KEY"]
+head = (
+    f"GET /ws?h=x-tok&form={sys.argv[1]} HTTP/1.1\r\nHost: api.example.test\r\n"
+    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    f"X-Tok: {key}\r\n\r\n"
+)
+t.sendall(head.encode())
 data = b""
-while chunk := t.recv(65536):
-    data += chunk
-print(data.decode(errors="replace").split("\r\n", 1)[0])
+try:
+    while chunk := t.recv(65536):
+        data += chunk
+except (TimeoutError, ssl.SSLError, ConnectionError):
+    pass
+print(data.decode("latin-1"))
 """
+
+
+def test_websocket_messages_are_scrubbed(egress: EgressServer, box: tuple[str, str]) -> None:
+    """A WebSocket opened with the secret in its handshake: what the upstream sends back in
+    its messages is scrubbed like a body."""
+    cid, placeholder = box
+    forms = ["raw", "b64", "hex", "upper"]
+    with egress.http as http:
+        results = run(http, cid, *(f"python3 -c '{WS_PROBE}' {form}" for form in forms))
+    for form, r in zip(forms, results, strict=True):
+        out = r["stdout"]
+        assert out.startswith("HTTP/1.1 101"), (form, r)
+        assert placeholder in out and not readable(out), (form, out)
+
+
+# -- one host per request ---------------------------------------------------------------------
 
 
 def test_a_request_for_another_host_than_the_connection_is_refused(
@@ -205,7 +224,7 @@ def test_a_request_for_another_host_than_the_connection_is_refused(
             # an absolute URI for one host, a Host header for another
             f'{CURL} -i -H "Host: blocked.example.test" http://other.example.test/echo',
             # CONNECT to the secret's domain with the SNI of another one
-            f"python3 -c '{SNI_PROBE}' api.example.test other.example.test",
+            f"python3 -c '{SNI_PROBE}' api.example.test files.example.test",
             f"python3 -c '{SNI_PROBE}' other.example.test blocked.example.test",
             # and the same requests with matching names still work
             f'{CURL} -o /dev/null -w "%{{http_code}}" -H "Host: api.example.test:443" '
@@ -225,6 +244,8 @@ def test_a_request_for_another_host_than_the_connection_is_refused(
     assert len(seen) == 2, seen  # only the two matching requests
     assert all(s["host"].split(":")[0] == "api.example.test" for s in seen), seen
     assert all(s["sni"] == "api.example.test" for s in seen), seen
+    # the upstream never heard the names the sandbox put in its SNI, only the CONNECT hosts
+    assert set(upstream.handshakes()) <= {"api.example.test", "other.example.test"}
     reasons = [e["reason"] or "" for e in events if e["status_code"] == 421]
     assert len(reasons) >= 6 and all("differs from the host" in x for x in reasons), events
 

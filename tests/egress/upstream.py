@@ -5,12 +5,14 @@ Routes (any host name, the certificate carries the test names):
     /echo            JSON of the request as received: method, path, headers
     /echo-big?n=N    the same JSON, repeated, padded to more than N bytes (a streamed body)
     /bytes/N         N bytes of b"x" (downloads)
+    /ws?h=NAME&form=FORM
+                     a WebSocket that sends the header NAME back (``reflect``), then closes
     /reflect?h=NAME&form=FORM&pre=P[&n=N][&gzip=1]
                      the request header NAME sent back transformed (``reflect``), after the
                      prefix P: as the body, in a response header ``x-reflect`` and in the
                      status line's reason; with n, the body repeats it past N bytes (streamed)
 Every request's method, host, path and headers are appended to the JSON-lines ``--log``, so a
-test can see what reached the upstream.
+test can see what reached the upstream; the SNI of every TLS handshake goes to ``--log``.sni.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import gzip
+import hashlib
 import html
 import json
 import ssl
@@ -27,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CHUNK = 256 * 1024
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11808"
 _lock = threading.Lock()
 
 
@@ -92,6 +96,8 @@ class Handler(BaseHTTPRequestHandler):
             # an odd pad length so copies of the value land across the proxy's chunk borders
             body = (unit + b"." * 1001) * (n // (len(unit) + 1001) + 1)
             self._send(body, "text/plain")
+        elif path == "/ws":
+            self._websocket(urllib.parse.parse_qs(query))
         elif path == "/reflect":
             self._reflect(urllib.parse.parse_qs(query))
         elif path.startswith("/bytes/"):
@@ -108,6 +114,23 @@ class Handler(BaseHTTPRequestHandler):
                 left -= n
         else:
             self._send(b'{"ok": true}')
+
+    def _websocket(self, q: dict[str, list[str]]) -> None:
+        """A WebSocket that sends the request header h back (in ``form``), in one text
+        message, then closes."""
+        accept = base64.b64encode(
+            hashlib.sha1(self.headers["sec-websocket-key"].encode() + WS_GUID).digest()
+        )
+        self.send_response(101)
+        self.send_header("upgrade", "websocket")
+        self.send_header("connection", "Upgrade")
+        self.send_header("sec-websocket-accept", accept.decode())
+        self.end_headers()
+        data = reflect(q["form"][0], (self.headers.get(q["h"][0]) or "").encode())
+        size = bytes([len(data)]) if len(data) < 126 else b"\x7e" + len(data).to_bytes(2, "big")
+        self.wfile.write(b"\x81" + size + data + b"\x88\x00")
+        self.wfile.flush()
+        self.close_connection = True
 
     def _reflect(self, q: dict[str, list[str]]) -> None:
         data = q.get("pre", [""])[0].encode() + (self.headers.get(q["h"][0]) or "").encode()
@@ -153,7 +176,9 @@ def main() -> None:
     ctx.load_cert_chain(args.cert, args.key)
 
     def remember_sni(conn: Any, name: str | None, _ctx: Any) -> None:
-        conn.sni = name  # recorded with each request on the connection
+        conn.sni = name  # recorded with each request on the connection, and each handshake:
+        with _lock, open(args.log + ".sni", "a") as f:
+            f.write(f"{name}\n")
 
     ctx.sni_callback = remember_sni
     tls.socket = ctx.wrap_socket(tls.socket, server_side=True)

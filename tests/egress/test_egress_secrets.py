@@ -14,10 +14,14 @@ import pytest
 from egress_helpers import SNI_PROBE, EgressServer, Upstream, create, run
 
 SECRET = "Sk-Live-0123456789abcdef/egress+Secret"
+LONG = "eyJhbGciOiJSUzI1NiJ9." + "".join(f"{i:04x}Ab+/" for i in range(700))  # a JWT's size
 POLICY = {
     "type": "allowlist",
     "allowed_domains": ["api.example.test", "other.example.test"],
-    "domain_secrets": [{"domain": "api.example.test", "name": "API_KEY", "value": SECRET}],
+    "domain_secrets": [
+        {"domain": "api.example.test", "name": "API_KEY", "value": SECRET},
+        {"domain": "api.example.test", "name": "LONG_KEY", "value": LONG},
+    ],
 }
 CURL = "curl -sS --connect-timeout 5 -m 30"
 FORMS = [
@@ -114,6 +118,9 @@ def test_a_secret_never_comes_back_in_any_form(
         for pre in ("", "a", "ab"):  # the three alignments of the value in base64
             commands.append(f'{CURL} -i {reflect(form, pre)} -H "X-Tok: $API_KEY"')
             labels.append(f"X-Tok {form} pre={pre!r}")
+    for form in ("raw", "b64", "hexupper", "urlall", "json"):  # long values (JWTs)
+        commands.append(f'{CURL} -i {reflect(form, "ab", "x-long")} -H "X-Long: $LONG_KEY"')
+        labels.append(f"X-Long {form}")
     for form in ("raw", "b64", "upper", "hex", "urlall"):  # curl -u: a Basic credential
         commands.append(f'{CURL} -i {reflect(form, header="authorization")} -u "u:$API_KEY"')
         labels.append(f"Basic {form}")
@@ -125,16 +132,19 @@ def test_a_secret_never_comes_back_in_any_form(
     upstream.clear()
     with egress.http as http:
         results = run(http, cid, *commands, timeout_ms=120_000)
+        long_placeholder = run(http, cid, 'printf %s "$LONG_KEY"')[0]["stdout"]
     for label, r in zip(labels, results, strict=True):
         out = r["stdout"]
         assert answer(out).startswith("HTTP/1.1 200 "), (label, r)
-        assert not readable(out), (label, out)
-        assert placeholder in out, (label, out)
+        assert not readable(out) and not readable(out, LONG), (label, out)
+        assert (long_placeholder if "Long" in label else placeholder) in out, (label, out)
     seen = upstream.seen()
     assert len(seen) == len(commands)
     for s in seen:  # what reached the upstream: the value, not the placeholder
         if "x-tok" in s["headers"]:
             assert s["headers"]["x-tok"] == SECRET, s
+        elif "x-long" in s["headers"]:
+            assert s["headers"]["x-long"] == LONG, s
         else:
             basic = s["headers"]["authorization"].removeprefix("Basic ")
             assert base64.b64decode(basic).decode() == f"u:{SECRET}", s

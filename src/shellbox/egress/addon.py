@@ -184,12 +184,12 @@ def b64_cores(value: bytes) -> list[bytes]:
     return out
 
 
-def _b64_forms(value: bytes) -> list[bytes]:
-    """Regular expressions for the value inside base64 text, at each of its alignments: the
-    characters made of the value's bits only, then the one that carries its last bits. The
-    one before, which carries its first bits, is added to the span by ``find_forms`` (a
-    pattern that starts with a class of characters would be searched far slower)."""
-    out: list[bytes] = []
+def _b64_units(value: bytes) -> list[list[bytes]]:
+    """The value inside base64 text, at each of its alignments: the characters made of the
+    value's bits only, then the one that carries its last bits (each may follow a line
+    break). The one before, which carries its first bits, is added to the span by
+    ``find_forms`` (a pattern that starts with a class of characters is searched far slower)."""
+    out: list[list[bytes]] = []
     n = len(value)
     for align in range(3):
         start, end = 8 * align, 8 * (align + n)  # the value's bits in the encoded stream
@@ -197,14 +197,17 @@ def _b64_forms(value: bytes) -> list[bytes]:
         if stop - first < MIN_ENCODED:
             continue
         base = base64.b64encode(b"\0" * align + value + b"\0\0")
-        parts = [_b64_class({c}) for c in base[first:stop]]
-        if end % 6:
+        units = [_b64_class({c}) for c in base[first:stop]]
+        if end % 6:  # its character depends on the value's last bytes and the next one only
+            k = min(n, 3)
+            tail_align = (align + n - k) % 3
+            tail_stop = 8 * (tail_align + k) // 6
             trail = {
-                base64.b64encode(b"\0" * align + value + bytes([y]) + b"\0")[stop]
+                base64.b64encode(b"\0" * tail_align + value[-k:] + bytes([y]) + b"\0")[tail_stop]
                 for y in range(256)
             }
-            parts.append(_b64_class(trail))
-        out.append(_LINE_BREAK.join(parts))
+            units.append(_b64_class(trail))
+        out.append([units[0], *(_LINE_BREAK + u for u in units[1:])])
     return out
 
 
@@ -217,64 +220,92 @@ def _b64_class(chars: set[int]) -> bytes:
     return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(alts)) + b"]"
 
 
-def value_forms(value: bytes) -> tuple[list[bytes], int]:
-    """Regular expressions (lowercase: they are matched against lowercased text) for every
-    form of ``value`` to scrub, and the longest text one can match."""
-    hexed = value.hex().encode() if 2 * len(value) >= MIN_ENCODED else b""
-    # the order matters: the base64 forms come last (``B64_FIRST``)
-    forms = [b"".join(_char_forms(c) for c in value), re.escape(hexed) if hexed else b"(?!)"]
+def value_forms(value: bytes) -> tuple[list[tuple[list[bytes], bool]], int]:
+    """Every form of ``value`` to scrub, each a list of regular expressions, one per unit of
+    the form (a character of the value, of its hex, of its base64), lowercase since they are
+    matched against lowercased text, with whether it is a base64 form; and the longest text
+    a form can match."""
+    forms = [([_char_forms(c) for c in value], False)]
+    if 2 * len(value) >= MIN_ENCODED:
+        forms.append(([re.escape(b"%02x" % c) for c in value], False))
     longest = 10 * len(value)  # '&#x0000NN;' per character
-    b64 = _b64_forms(value)
-    forms += b64
+    b64 = _b64_units(value)
+    forms += [(units, True) for units in b64]
     if b64:
         longest = max(longest, 3 * (len(value) * 4 // 3 + 4))  # each character, and CR LF
-    return [f.lower() for f in forms], longest + LEAD
+    return [([u.lower() for u in units], is_b64) for units, is_b64 in forms], longest + LEAD
 
 
-B64_FIRST = 2  # index of the first base64 form in ``value_forms``
 LEAD = 3  # a base64 form's span also takes the character before it (and a line break)
+# A form is searched with one regular expression for its first DETECT units, then followed
+# unit by unit: compiling one expression for a whole long value (8 KiB are allowed) takes
+# seconds of the proxy's only thread, and that per value.
+DETECT = 24
 
 
-# One regular expression per form, each searched separately: an alternation of them would
-# defeat the regex engine's first-character scan (measured: 5 MB/s instead of 80 and more).
-Forms = tuple[list[tuple[re.Pattern[bytes], int, bool]], int]
-_FORMS: dict[bytes, tuple[list[tuple[re.Pattern[bytes], bool]], int]] = {}
+class Form(NamedTuple):
+    detector: re.Pattern[bytes]
+    rest: tuple[re.Pattern[bytes], ...]
+    b64: bool
+
+
+_UNITS: dict[bytes, re.Pattern[bytes]] = {}  # few: one per character and class
+_FORMS: dict[bytes, tuple[list[Form], int]] = {}
+Forms = tuple[list[tuple[Form, int]], int]
+
+
+def _unit(source: bytes) -> re.Pattern[bytes]:
+    found = _UNITS.get(source)
+    if found is None:
+        found = _UNITS[source] = re.compile(source)
+    return found
 
 
 def scrub_forms(secrets: list[Secret]) -> Forms:
-    """(pattern, index of its secret, whether it is a base64 one) for every form of every
-    value, and the longest span; each value's patterns are compiled once."""
-    out: list[tuple[re.Pattern[bytes], int, bool]] = []
+    """(form, index of its secret) for every form of every value, and the longest span;
+    each value's forms are compiled once. Each detector is searched separately: an
+    alternation of them would defeat the regex engine's first-character scan (measured:
+    5 MB/s instead of 80 and more)."""
+    out: list[tuple[Form, int]] = []
     longest = 1
     for i, s in enumerate(secrets):
         found = _FORMS.get(s.value)
         if found is None:
             if len(_FORMS) > 4096:  # containers come and go: forget the old values
                 _FORMS.clear()
-            sources, n = value_forms(s.value)
+            forms, n = value_forms(s.value)
             # what the proxy itself sends may be the value's base64 (a Basic credential),
             # which an upstream may then encode again
             for core in b64_cores(s.value):
                 more, m = value_forms(core)
-                sources[B64_FIRST:B64_FIRST] = more[:B64_FIRST]  # keep base64 ones last
-                sources += more[B64_FIRST:]
+                forms += more
                 n = max(n, m)
-            compiled = [(re.compile(src), k >= B64_FIRST) for k, src in enumerate(sources)]
+            compiled = [
+                Form(re.compile(b"".join(units[:DETECT])), tuple(map(_unit, units[DETECT:])), b64)
+                for units, b64 in forms
+            ]
             found = _FORMS[s.value] = (compiled, n)
-        out += [(p, i, b64) for p, b64 in found[0]]
+        out += [(form, i) for form in found[0]]
         longest = max(longest, found[1])
     return out, longest
 
 
 def find_forms(data: bytes, forms: Forms) -> list[tuple[int, int, int]]:
-    """(start, end, secret index) of every span of ``data`` that holds a form of a value;
-    overlapping matches are merged into one span, so no piece of a form is left."""
+    """(start, end, secret index) of every span of ``data`` that holds a form of a value (or
+    of its beginning: a value cut short is scrubbed as far as it goes); overlapping spans
+    are merged into one, so no piece of a form is left."""
     lowered = data.lower()  # ASCII only: every offset stays the same
-    found = sorted(
-        (_lead(data, m.start()) if b64 else m.start(), m.end(), i)
-        for pattern, i, b64 in forms[0]
-        for m in pattern.finditer(lowered)
-    )
+    found = []
+    for form, i in forms[0]:
+        for m in form.detector.finditer(lowered):
+            end = m.end()
+            for unit in form.rest:
+                more = unit.match(lowered, end)
+                if more is None:
+                    break
+                end = more.end()
+            found.append((_lead(data, m.start()) if form.b64 else m.start(), end, i))
+    found.sort()
     spans: list[tuple[int, int, int]] = []
     for start, end, i in found:
         if spans and start < spans[-1][1]:
@@ -324,12 +355,14 @@ class Scrubber:
         self.count = count
         self.held = b""
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        """What to send on: a list, empty while everything is held back (mitmproxy would send
+        an empty bytes chunk, which ends a chunked body)."""
         self.count(len(chunk))
         data = self.held + chunk
         if not self.secrets:
             self.held = b""
-            return data
+            return [data] if data else []
         final = chunk == b""
         cut = len(data) if final else max(len(data) - self.keep, 0)
         out: list[bytes] = []
@@ -342,7 +375,8 @@ class Scrubber:
         cut = max(cut, pos)
         out.append(data[pos:cut])
         self.held = data[cut:]
-        return b"".join(out)
+        sent = b"".join(out)
+        return [sent] if sent else []
 
 
 class EgressAddon:

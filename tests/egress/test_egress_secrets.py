@@ -210,6 +210,33 @@ def test_websocket_messages_are_scrubbed(egress: EgressServer, box: tuple[str, s
         assert placeholder in out and not readable(out), (form, out)
 
 
+def test_large_compressed_or_unannounced_bodies_are_scrubbed(
+    egress: EgressServer, box: tuple[str, str], upstream: Upstream
+) -> None:
+    """gzip hides the value from a chunk-by-chunk scrubber: it is decoded on the way. A body
+    of unannounced size (chunked) is turned into a stream by mitmproxy once it grows past the
+    streaming size: it goes through the scrubber too."""
+    cid, placeholder = box
+    gz = reflect("raw", extra="&n=1500000&noise=1&gzip=1")
+    chunked = reflect("raw", extra="&n=1500000&chunked=1")
+    key = '-H "X-Tok: $API_KEY"'
+    upstream.clear()
+    with egress.http as http:
+        gz_copies, gz_values, ch_copies, ch_values = run(
+            http,
+            cid,
+            f'{CURL} --compressed {gz} {key} | grep -c "{placeholder}"',
+            f"{CURL} --compressed {gz} {key} | grep -ci sk-live; true",
+            f'{CURL} {chunked} {key} | grep -c "{placeholder}"',
+            f"{CURL} {chunked} {key} | grep -ci sk-live; true",
+            timeout_ms=120_000,
+        )
+    assert int(gz_copies["stdout"]) > 1000, gz_copies
+    assert int(ch_copies["stdout"]) > 1000, ch_copies
+    assert gz_values["stdout"].strip() == ch_values["stdout"].strip() == "0"
+    assert len(upstream.seen()) == 4
+
+
 # -- one host per request ---------------------------------------------------------------------
 
 

@@ -7,10 +7,11 @@ Routes (any host name, the certificate carries the test names):
     /bytes/N         N bytes of b"x" (downloads)
     /ws?h=NAME&form=FORM
                      a WebSocket that sends the header NAME back (``reflect``), then closes
-    /reflect?h=NAME&form=FORM&pre=P[&n=N][&gzip=1]
+    /reflect?h=NAME&form=FORM&pre=P[&n=N[&noise=1]][&gzip=1][&chunked=1]
                      the request header NAME sent back transformed (``reflect``), after the
                      prefix P: as the body, in a response header ``x-reflect`` and in the
-                     status line's reason; with n, the body repeats it past N bytes (streamed)
+                     status line's reason; with n, the body repeats it past N bytes (streamed),
+                     padded with dots or with random hex (noise)
 Every request's method, host, path and headers are appended to the JSON-lines ``--log``, so a
 test can see what reached the upstream; the SNI of every TLS handshake goes to ``--log``.sni.
 """
@@ -23,6 +24,7 @@ import gzip
 import hashlib
 import html
 import json
+import os
 import ssl
 import threading
 import urllib.parse
@@ -139,13 +141,25 @@ class Handler(BaseHTTPRequestHandler):
         one_line = out.replace(b"\n", b"")
         body = out + b"\n"
         if "n" in q:  # an odd pad length: copies land across the proxy's chunk borders
-            body = (body + b"." * 1001) * (int(q["n"][0]) // (len(body) + 1001) + 1)
+            count = int(q["n"][0]) // (len(body) + 1001) + 1
+            if "noise" in q:  # that gzip cannot shrink much (a streamed compressed body)
+                body = b"".join(body + os.urandom(500).hex().encode() + b"." for _ in range(count))
+            else:
+                body = (body + b"." * 1001) * count
         self.send_response(200, one_line.decode())
         self.send_header("content-type", "text/plain")
         self.send_header("x-reflect", one_line.decode())
         if "gzip" in q:
             body = gzip.compress(body)
             self.send_header("content-encoding", "gzip")
+        if "chunked" in q:  # no length announced: the proxy learns the size as it reads
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), 65536):
+                part = body[i : i + 65536]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            return
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

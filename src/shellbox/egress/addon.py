@@ -29,11 +29,15 @@ import os
 import re
 import socket
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any, NamedTuple
 
-# mitmproxy lives only in .venv-egress; the server's environment (and mypy's) lacks it.
+# mitmproxy (and the decoders it depends on) live only in .venv-egress; the server's
+# environment (and mypy's) lacks them.
+import brotli  # type: ignore[import-not-found]
+import zstandard  # type: ignore[import-not-found]
 from mitmproxy import ctx, http  # type: ignore[import-not-found]
 
 log = logging.getLogger("shellbox.egress")
@@ -340,6 +344,37 @@ def scrub(data: bytes, secrets: list[Secret]) -> bytes:
     return b"".join(out)
 
 
+class _Inflate:
+    """gzip, or deflate: zlib-wrapped by the standard, raw from some servers (the first two
+    bytes tell)."""
+
+    def __init__(self, *, gzip: bool) -> None:
+        self.gzip = gzip
+        self.d: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self.d is None:
+            if not chunk:
+                return b""
+            is_zlib = len(chunk) >= 2 and (chunk[0] * 256 + chunk[1]) % 31 == 0
+            self.d = zlib.decompressobj(zlib.MAX_WBITS if is_zlib else -zlib.MAX_WBITS)
+        return bytes(self.d.decompress(chunk) if chunk else self.d.flush())
+
+
+def stream_decoder(encoding: str) -> Callable[[bytes], bytes] | None:
+    """A function that decodes a body chunk by chunk (``b""`` at its end flushes), or None
+    for an encoding the proxy cannot decode (or a list of several)."""
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return _Inflate(gzip=encoding != "deflate")
+    if encoding == "br":
+        brotli_d = brotli.Decompressor()
+        return lambda chunk: brotli_d.process(chunk) if chunk else b""
+    if encoding == "zstd":
+        zstd_d = zstandard.ZstdDecompressor().decompressobj()
+        return lambda chunk: zstd_d.decompress(chunk) if chunk else b""
+    return None
+
+
 class Scrubber:
     """Replaces secret values by their placeholders in a streamed body, counting its bytes.
 
@@ -348,7 +383,13 @@ class Scrubber:
     starts before the held part is then whole in what was searched.
     """
 
-    def __init__(self, secrets: Iterable[Secret], count: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        secrets: Iterable[Secret],
+        count: Callable[[int], None],
+        decode: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.decode = decode
         self.secrets = list(secrets)
         self.forms = scrub_forms(self.secrets)
         self.keep = self.forms[1] - 1
@@ -359,11 +400,13 @@ class Scrubber:
         """What to send on: a list, empty while everything is held back (mitmproxy would send
         an empty bytes chunk, which ends a chunked body)."""
         self.count(len(chunk))
+        final = chunk == b""
+        if self.decode is not None:
+            chunk = self.decode(chunk)
         data = self.held + chunk
         if not self.secrets:
             self.held = b""
             return [data] if data else []
-        final = chunk == b""
         cut = len(data) if final else max(len(data) - self.keep, 0)
         out: list[bytes] = []
         pos = 0
@@ -613,23 +656,43 @@ class EgressAddon:
             state = flow.metadata.get(META)
             if not isinstance(state, FlowState) or state.audited or flow.response is None:
                 return
-            if state.secrets:
-                self._scrub_head(flow.response, state.secrets)
-                if flow.response.stream and _encoded(flow.response):
-                    # A compressed stream hides the value from the scrubber (the upstream was
-                    # asked for none): read it whole, so that it is decoded and scrubbed.
-                    flow.response.stream = False
-            if flow.response.stream and state.secrets:
-                # scrubbing changes the body's length: frame it by chunks (HTTP/2 frames it)
-                flow.response.headers.pop("content-length", None)
-                if flow.request.http_version == "HTTP/1.1":
-                    flow.response.headers["transfer-encoding"] = "chunked"
-            if flow.response.stream:
 
-                def count(n: int) -> None:
-                    state.response_bytes += n
+            def count(n: int) -> None:
+                state.response_bytes += n
 
-                flow.response.stream = Scrubber(state.secrets, count)
+            if not state.secrets:
+                if flow.response.stream:
+                    flow.response.stream = Scrubber([], count)
+                return
+            response = flow.response
+            self._scrub_head(response, state.secrets)
+            if flow.request.method == "HEAD" or response.status_code in (204, 304):
+                return  # no body
+            if response.status_code < 200:
+                return  # 101: a WebSocket's messages are scrubbed one by one
+            # Every body is streamed through the scrubber, whatever its size: mitmproxy turns
+            # a buffered body into a stream (unscrubbed) when it grows past its streaming
+            # size. A compressed one is decoded on the way (the value would hide in it).
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            decoder = None
+            if encoding not in ("", "identity"):
+                decoder = stream_decoder(encoding)
+                if decoder is None:
+                    reason = (
+                        "shellbox egress: the upstream's answer to a request that carried a "
+                        f"domain_secret is encoded ({encoding}) in a way the proxy cannot "
+                        "read, so it cannot be checked for the secret"
+                    )
+                    self._audit(flow, state.container, "refused", reason, BAD_GATEWAY)
+                    state.audited = True
+                    flow.kill()
+                    return
+                del response.headers["content-encoding"]
+            # scrubbing changes the body's length: frame it by chunks (HTTP/2 frames it)
+            response.headers.pop("content-length", None)
+            if flow.request.http_version == "HTTP/1.1":
+                response.headers["transfer-encoding"] = "chunked"
+            response.stream = Scrubber(state.secrets, count, decoder)
         except Exception:
             log.exception("shellbox egress: responseheaders failed")
             flow.kill()
@@ -643,9 +706,7 @@ class EgressAddon:
                 flow.response.trailers.fields = _scrub_fields(
                     flow.response.trailers.fields, state.secrets
                 )
-            if not flow.response.stream:
-                if state.secrets and not self._scrub_body(flow, state):
-                    return  # refused, and audited as such
+            if not flow.response.stream:  # (a flow with secrets is always streamed)
                 state.response_bytes = len(flow.response.raw_content or b"")
             if not flow.request.stream:
                 state.request_bytes = len(flow.request.raw_content or b"")
@@ -801,35 +862,6 @@ class EgressAddon:
         if reason:
             response.data.reason = scrub(reason, secrets)
 
-    def _scrub_body(self, flow: http.HTTPFlow, state: FlowState) -> bool:
-        """Scrub a whole body in place; False when the response had to be refused instead."""
-        response = flow.response
-        try:
-            body = response.get_content(strict=True) or b""
-        except ValueError:
-            # an encoding the proxy cannot undo: the value could hide in it
-            self._refuse_response(
-                flow,
-                state,
-                "shellbox egress: the upstream's answer to a request that carried a "
-                f"domain_secret is encoded ({response.headers.get('content-encoding')}) in a "
-                "way the proxy cannot read, so it cannot be checked for the secret",
-            )
-            return False
-        scrubbed = scrub(body, state.secrets)
-        if scrubbed != body:
-            response.content = scrubbed
-        return True
-
-    def _refuse_response(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
-        flow.response = http.Response.make(
-            BAD_GATEWAY,
-            reason + "\n",
-            {"content-type": "text/plain; charset=utf-8", "x-shellbox-egress": "refused"},
-        )
-        self._audit(flow, state.container, "refused", reason, BAD_GATEWAY)
-        state.audited = True
-
     @staticmethod
     def _counter(state: FlowState, attr: str) -> Callable[[bytes], bytes]:
         def count(chunk: bytes) -> bytes:
@@ -936,11 +968,6 @@ def _scrub_fields(
 ) -> tuple[tuple[bytes, bytes], ...]:
     """Header (or trailer) fields with the values scrubbed from names and values alike."""
     return tuple((scrub(k, secrets), scrub(v, secrets)) for k, v in fields)
-
-
-def _encoded(response: http.Response) -> bool:
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    return encoding not in ("", "identity")
 
 
 def _replace_secret(value: bytes, secrets: list[Secret]) -> bytes:

@@ -407,7 +407,12 @@ class Scrubber:
         if not self.secrets:
             self.held = b""
             return [data] if data else []
-        cut = len(data) if final else max(len(data) - self.keep, 0)
+        if not final and len(data) < 2 * self.keep:
+            # too little new data past what must be held back: wait for more, so that each
+            # byte is searched at most about twice (the held part is searched again)
+            self.held = data
+            return []
+        cut = len(data) if final else len(data) - self.keep
         out: list[bytes] = []
         pos = 0
         for start, end, i in find_forms(data, self.forms):

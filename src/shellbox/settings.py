@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path("/var/lib/shellbox")
+PRIVATE_DIR = "private"  # must match store/db.py
 
 
 class _Section(BaseModel):
@@ -120,6 +121,11 @@ class EgressSettings(_Section):
     python: Path | None = Field(
         None, description="the proxy's Python (mitmproxy 11); default: .venv-egress/bin/python"
     )
+    secrets_key_file: Path | None = Field(
+        None,
+        description="the key that encrypts domain_secrets in the database (created 0600 at the "
+        "first start; keep it out of database backups); default: <state_dir>/private/secrets.key",
+    )
     intercept: Literal["all", "secrets"] = Field(
         "all",
         description="decrypt all HTTPS (audit per request), or only for hosts with a "
@@ -177,10 +183,18 @@ class Settings(BaseSettings):
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"
 
+    def private_dir(self) -> Path:
+        """Root only (0700): the database and the secrets key. The state directory itself
+        stays traversable (0711): the containers' root uid must reach its rootfs in it."""
+        return self.state_dir / PRIVATE_DIR
+
+    def secrets_key_file(self) -> Path:
+        return self.egress.secrets_key_file or self.private_dir() / "secrets.key"
+
     def database_url(self) -> str:
         if self.store.database_url is not None:
             return self.store.database_url.get_secret_value()
-        return f"sqlite:///{self.state_dir / 'shellbox.db'}"
+        return f"sqlite:///{self.private_dir() / 'shellbox.db'}"
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:

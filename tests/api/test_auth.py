@@ -76,7 +76,7 @@ def test_missing_wrong_and_revoked_keys_are_401(server: Any) -> None:
 
 def test_keys_are_stored_hashed(server: Any) -> None:
     key = server.create_key("hashed")
-    raw = (server.state_dir / "shellbox.db").read_bytes()
+    raw = (server.state_dir / "private" / "shellbox.db").read_bytes()
     assert key.encode() not in raw
 
 

@@ -160,7 +160,7 @@ def test_revoking_the_last_key_never_reopens_the_server(server_factory: Any) -> 
     assert httpx.get(f"{srv.base_url}/containers", headers=_bearer(key)).status_code == 200
     # Revoked by another process (here: this one, on the server's store) right after a
     # successful request: refused from the very next request, no cache to wait out.
-    store = create_database(f"sqlite:///{srv.state_dir / 'shellbox.db'}")
+    store = create_database(f"sqlite:///{srv.state_dir / 'private' / 'shellbox.db'}")
     try:
         KeyService(store).revoke(_key_id(srv, "only"))
     finally:

@@ -13,6 +13,8 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ├── Conflict (409, never retried)
     │   └── ContainerNotRunning
     ├── QuotaExceeded (429)
+    ├── ContainerBusy (429, retried): the container runs as many calls as it takes
+    ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -39,6 +41,8 @@ class ErrorCode(StrEnum):
     conflict = "conflict"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
+    container_busy = "container_busy"
+    server_busy = "server_busy"
     upstream_error = "upstream_error"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
@@ -121,6 +125,24 @@ class QuotaExceeded(ShellboxError):
     type = "rate_limit_error"
     code = ErrorCode.quota_exceeded
     retryable = False
+
+
+class ContainerBusy(ShellboxError):
+    """Transient: the container's agent runs as many calls at once as it takes."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.container_busy
+    retryable = True
+
+
+class ServerBusy(ShellboxError):
+    """Transient: request bodies in flight fill the server's memory budget for them."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.server_busy
+    retryable = True
 
 
 class UpstreamError(ShellboxError):

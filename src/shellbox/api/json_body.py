@@ -1,11 +1,11 @@
 """Reading a large JSON request body without multiplying it in memory.
 
-FastAPI's own body parameter keeps the raw body (joined from its chunks: twice its size for a
-moment) and the parsed value for the whole request. Here the body is read into one buffer of
-its declared size, parsed straight from those bytes (``pydantic_core.from_json``: no decoded
-copy of the whole text), and the buffer dropped: what stays for the call is the parsed value,
-about the body's size for ASCII commands. The body budget (``body_budget.py``) bounds how many
-such bodies are in flight.
+FastAPI's own body parameter keeps the raw body and the parsed value for the whole request
+(and the host then encoded the call again for the agent). Here the body is joined once,
+parsed straight from those bytes (``pydantic_core.from_json``: no decoded copy of the whole
+text), and dropped: at most twice the body for a moment, and for the rest of the call only
+the parsed value, about the body's size for ASCII commands. The body budget
+(``body_budget.py``) bounds how many such bodies are in flight.
 """
 
 from __future__ import annotations
@@ -20,21 +20,14 @@ from shellbox.errors import InvalidRequest
 
 async def read_json_object(request: Request, *, what: str) -> dict[str, Any]:
     """The body as a JSON object; ``what`` names it in errors ("one tool-call item")."""
-    try:
-        declared = int(request.headers.get("content-length", "0"))
-    except ValueError:
-        declared = 0
-    # The middleware has refused declared sizes past the body cap already.
-    buf = bytearray(declared) if declared > 0 else bytearray()
-    filled = 0
+    chunks: list[bytes] = []
     async for chunk in request.stream():
-        end = filled + len(chunk)
-        if end <= declared:
-            buf[filled:end] = chunk
-        else:
-            buf[filled:] = chunk
-        filled = end
-    del buf[filled:]
+        if chunk:
+            chunks.append(chunk)
+    # One bytes object (pydantic_core copies a bytearray before parsing it; bytes it reads in
+    # place): twice the body for the moment of the join, then once.
+    buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    del chunks
     if not buf:
         msg = f"the request body is empty: send {what} as a JSON object"
         raise InvalidRequest(msg)

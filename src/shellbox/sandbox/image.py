@@ -385,6 +385,9 @@ def install_wheels(rootfs: Path, wheels: list[Path]) -> None:
                 with z.open(info) as src, open(dest, "wb") as f:
                     shutil.copyfileobj(src, f)
                 os.chmod(dest, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+        # Directories as the sandbox user must see them, whatever the builder's umask was.
+        for dirpath, _, _ in os.walk(home):
+            os.chmod(dirpath, 0o755)
         for rel, link in links.items():
             (home / rel).unlink()
             (home / rel).symlink_to(link)

@@ -1,9 +1,10 @@
 """Sandbox runtime benchmark: container start, command round trip, concurrency, idle memory.
 
-    .venv/bin/python bench/bench_runtime.py [--quick] [--binary crun|runc]
+    .venv/bin/python bench/bench_runtime.py [--quick] [--binary crun|runc] [--profile P]
 
 Prints a table (medians, p90, the target beside each number, ratios against the baselines)
-and writes ``bench/results/runtime.json`` (``runtime-runc.json`` for runc). Needs root and
+and writes ``bench/results/runtime.json`` (``runtime-runc.json`` for runc,
+``runtime-minimal.json`` for the minimal image). Needs root and
 the sandbox image (``.venv/bin/shellbox image build --state-dir .state``). Targets, not
 tests: the numbers move with the machine's load (other work on a 2-vCPU machine is noise).
 
@@ -218,6 +219,9 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--binary", choices=["crun", "runc"], default="crun")
+    parser.add_argument(
+        "--profile", choices=["default", "minimal"], default="default", help="sandbox image"
+    )
     args = parser.parse_args()
     n_cold, n_rt, n_sparse, n_exec = (8, 100, 10, 20) if args.quick else (30, 400, 40, 60)
 
@@ -225,7 +229,11 @@ async def main() -> int:
     state.chmod(0o711)
     settings = Settings(
         state_dir=state,
-        runtime={"image_dir": REPO / ".state" / "images", "type": args.binary},
+        runtime={
+            "image_dir": REPO / ".state" / "images",
+            "type": args.binary,
+            "image_profile": args.profile,
+        },
     )
     rt = create_runtime(settings)
     results: dict[str, Any] = {
@@ -235,6 +243,7 @@ async def main() -> int:
             "cpus": os.cpu_count(),
             "loadavg": os.getloadavg(),
             "binary": args.binary,
+            "image": rt.image_rootfs.parent.name,
             "cgroups": rt.cgroups.mode.value,
         }
     }
@@ -274,13 +283,15 @@ async def main() -> int:
             "targets": TARGETS,
         }
     )
-    out = RESULTS if args.binary == "crun" else RESULTS.with_name(f"runtime-{args.binary}.json")
+    suffix = "".join(f"-{x}" for x in (args.binary, args.profile) if x not in ("crun", "default"))
+    out = RESULTS.with_name(f"runtime{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
 
     rt_p50 = results["agent_true_rt_ms"]["p50"]
     print(
-        f"shellbox runtime benchmark ({args.binary}, cgroups {rt.cgroups.mode.value}, "
+        f"shellbox runtime benchmark ({args.binary}, image {args.profile}, "
+        f"cgroups {rt.cgroups.mode.value}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})"
     )
     print(f"{'measure':44s} {'p50':>8s} {'p90':>8s}   target / note")

@@ -7,12 +7,15 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from shellbox.errors import ShellboxError
+from shellbox.errors import ImageBuildError, ShellboxError
 from shellbox.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from shellbox.sandbox.image import Profile
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -82,13 +85,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace, settings: Settings) -> Profile:
+    from shellbox.sandbox.image import canonical
+
+    return canonical(args.profile) if args.profile else settings.runtime.image_profile
+
+
 def cmd_image_build(args: argparse.Namespace) -> int:
     from shellbox.sandbox.image import ensure_image
 
     settings = _settings(args)
     settings.image_dir().mkdir(parents=True, exist_ok=True)
-    image = ensure_image(settings.image_dir(), args.profile, force=args.force)
+    image = ensure_image(settings.image_dir(), _profile(args, settings), force=args.force)
     print(image.path)
+    return 0
+
+
+def cmd_image_info(args: argparse.Namespace) -> int:
+    """What an image holds, as probed from it when it was built (JSON, or a Markdown table of
+    every built profile with ``--markdown``: the README's table is this output)."""
+    from shellbox.sandbox.image import PROFILE_NAMES, canonical, image_for
+    from shellbox.sandbox.image_info import describe, markdown_table
+
+    settings = _settings(args)
+    if args.markdown:
+        profiles = [canonical(args.profile)] if args.profile else list(PROFILE_NAMES)
+        images = [image_for(settings.image_dir(), p) for p in profiles]
+        missing = [i.profile for i in images if not i.ready]
+        if missing:
+            msg = f"not built: {', '.join(missing)}; run `shellbox image build --profile NAME`"
+            raise ImageBuildError(msg)
+        print(markdown_table(images))
+        return 0
+    image = image_for(settings.image_dir(), _profile(args, settings))
+    if not image.ready:
+        msg = f"the {image.profile} image is not built; run `shellbox image build`"
+        raise ImageBuildError(msg)
+    print(json.dumps(describe(image), indent=2))
     return 0
 
 
@@ -254,9 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     image_sub = image.add_subparsers(dest="image_command", required=True)
     build = image_sub.add_parser("build", help="build the sandbox image (cached by recipe)")
     _add_common(build)
-    build.add_argument("--profile", choices=["minimal", "full"], default="minimal")
+    profiles = ["minimal", "default", "full"]
+    build.add_argument("--profile", choices=profiles, help="default: runtime.image_profile")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     build.set_defaults(func=cmd_image_build)
+    info = image_sub.add_parser("info", help="what an image contains, with versions")
+    _add_common(info)
+    info.add_argument("--profile", choices=profiles, help="default: runtime.image_profile")
+    info.add_argument(
+        "--markdown", action="store_true", help="a table of every built profile (the README's)"
+    )
+    info.set_defaults(func=cmd_image_info)
 
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     _add_common(serve)

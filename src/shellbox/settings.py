@@ -18,6 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path("/var/lib/shellbox")
 PRIVATE_DIR = "private"  # must match store/db.py
+# ``full`` was the profile with Java, PHP, Ruby and Go before ``default`` replaced it.
+IMAGE_PROFILE_ALIASES = {"full": "default"}
 
 
 class _Section(BaseModel):
@@ -26,7 +28,13 @@ class _Section(BaseModel):
 
 class RuntimeSettings(_Section):
     type: Literal["crun", "runc"] = Field("crun", description="OCI runtime binary")
-    image_profile: Literal["minimal", "full"] = Field("minimal", description="sandbox image")
+    image_profile: Literal["minimal", "default"] = Field(
+        "default",
+        description="sandbox image: 'default' has what OpenAI's hosted shell promises (Python "
+        "3.11, Node.js 22.16, Java 17, PHP 8.2, Ruby 3.1, Go 1.23, data and media tools); "
+        "'minimal' is small and quick to build (Python 3.11, Debian's Node.js 18). "
+        "'full' is the old name of 'default'",
+    )
     seccomp: bool = Field(True, description="apply the default seccomp profile")
     pids_limit: int = Field(1024, ge=16, description="processes per container")
     cpus: float = Field(1.0, gt=0, description="CPU quota per container, in cores")
@@ -47,6 +55,11 @@ class RuntimeSettings(_Section):
         Path("/var/lib/shellbox-uid-ranges"),
         description="host-wide claims of uid ranges, shared by every shellbox server on the host",
     )
+
+    @field_validator("image_profile", mode="before")
+    @classmethod
+    def _old_profile_names(cls, value: object) -> object:
+        return IMAGE_PROFILE_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
 class LimitSettings(_Section):

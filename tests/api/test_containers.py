@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -51,6 +52,21 @@ def test_create_retrieve_delete(client: Any, http: httpx.Client) -> None:
         json={"type": "shell_call", "call_id": "c", "action": {"commands": ["true"]}},
     )
     assert r.status_code == 404
+
+
+def test_a_container_names_the_image_it_runs(client: Any, http: httpx.Client, server: Any) -> None:
+    """An extension field the SDK keeps: the default profile's image, whose versions
+    ``shellbox image info`` lists (probed from the image when it was built)."""
+    info = json.loads(server.shellbox("image", "info"))
+    assert info["profile"] == "default" and info["versions"]["node"].startswith("22.16.")
+    c = client.containers.create(name="which-image")
+    try:
+        assert c.model_extra["image"] == {"id": info["id"], "profile": "default"}
+        assert http.get(f"/v1/containers/{c.id}").json()["image"]["id"] == info["id"]
+        listed = client.containers.list(limit=100).data
+        assert {x.model_extra["image"]["id"] for x in listed} == {info["id"]}
+    finally:
+        client.containers.delete(c.id)
 
 
 def test_defaults(client: Any) -> None:

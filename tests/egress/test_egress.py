@@ -114,12 +114,19 @@ const get = (url, headers) => new Promise((resolve, reject) => {
 def test_node_https_and_fetch_go_through_the_proxy(
     egress: EgressServer, box: str, upstream: Upstream
 ) -> None:
-    """node 18 ignores the proxy variables; the preload shellbox gives it routes https and
-    fetch through the proxy, so scripts work unchanged and the policy and secrets apply."""
+    """node (22.16 in the default image) ignores the proxy variables; the preload shellbox
+    gives it routes https and fetch through the proxy, so scripts (ES modules too) work
+    unchanged and the policy and secrets apply."""
     upstream.clear()
+    esm = 'const r = await fetch("https://other.example.test/echo?via=node-esm"); '
+    esm += "console.log((await r.json()).tls)"
     with egress.http as http:
+        version = out1(http, box, "node --version")["stdout"]
         result = out1(http, box, f"node -e '{NODE_SCRIPT}'")
         placeholder = out1(http, box, 'printf %s "$API_KEY"')["stdout"]
+        module = out1(http, box, f"node --input-type=module -e '{esm}'")
+    assert version.startswith("v22.16."), version
+    assert (module["stdout"], module["stderr"]) == ("true\n", ""), module
     assert result["stderr"] == "", result
     out = json.loads(result["stdout"])
     assert out["https"] is True and out["fetch"] == "other.example.test", out

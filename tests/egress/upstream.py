@@ -12,6 +12,7 @@ Routes (any host name, the certificate carries the test names):
                      prefix P: as the body, in a response header ``x-reflect`` and in the
                      status line's reason; with n, the body repeats it past N bytes (streamed),
                      padded with dots or with random hex (noise)
+    /npm/..., /simple/..., /files/...   one npm package and one wheel (see packages.py)
 Every request's method, host, path and headers are appended to the JSON-lines ``--log``, so a
 test can see what reached the upstream; the SNI of every TLS handshake goes to ``--log``.sni.
 """
@@ -30,6 +31,8 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import packages  # beside this script
 
 CHUNK = 256 * 1024
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11808"
@@ -102,6 +105,8 @@ class Handler(BaseHTTPRequestHandler):
             self._websocket(urllib.parse.parse_qs(query))
         elif path == "/reflect":
             self._reflect(urllib.parse.parse_qs(query))
+        elif (package := packages.route(path, seen["host"])) is not None:
+            self._send(*package)
         elif path.startswith("/bytes/"):
             size = int(path.rsplit("/", 1)[1])
             self.send_response(200)

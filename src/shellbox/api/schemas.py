@@ -4,6 +4,7 @@ as plain dicts built from the service's records (mirroring the OpenAI objects)."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,7 +46,14 @@ class CreateContainerFileBody(_Body):
     file_id: str
 
 
-def container(record: ContainerRecord) -> dict[str, Any]:
+def image(rootfs: Path) -> dict[str, str]:
+    """Which sandbox image a container runs (an extension field: the SDK keeps extra fields).
+    The id is ``<profile>-<recipe hash>``; ``shellbox image info`` lists its versions."""
+    name = rootfs.parent.name
+    return {"id": name, "profile": name.rpartition("-")[0]}
+
+
+def container(record: ContainerRecord, rootfs: Path) -> dict[str, Any]:
     policy: dict[str, Any] = {"type": record.network_policy.get("type", "disabled")}
     if policy["type"] == "allowlist":
         policy["allowed_domains"] = list(record.network_policy.get("allowed_domains", []))
@@ -59,6 +67,7 @@ def container(record: ContainerRecord) -> dict[str, Any]:
         "last_active_at": record.last_active_at,
         "memory_limit": record.memory_limit,
         "network_policy": policy,
+        "image": image(rootfs),
     }
 
 

@@ -1,6 +1,8 @@
 // Loaded into every node process of a container with an egress allowlist (NODE_OPTIONS
-// --require). Node 18 ignores HTTP_PROXY/HTTPS_PROXY, so without this `https.get` and `fetch`
-// would try to connect directly, which the sandbox's firewall refuses. Every request that does
+// --require, which also runs before an ES module entry point). Node 18 (the minimal image) and
+// 22.16 (the default image) ignore HTTP_PROXY/HTTPS_PROXY (NODE_USE_ENV_PROXY came in later
+// releases), so without this `https.get` and `fetch` would try to connect directly, which the
+// sandbox's firewall refuses. npm needs none of it: it reads HTTPS_PROXY itself. Every request that does
 // not name its own agent or dispatcher is tunnelled through the egress proxy with CONNECT,
 // honouring NO_PROXY, so `node script.js` works unchanged. The proxy still decides what is
 // allowed: this file only routes.

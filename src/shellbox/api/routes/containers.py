@@ -33,7 +33,7 @@ async def create_container(
         skills=body.skills or [],
     )
     record = await services.containers.create(principal, req)
-    return JSONResponse(schemas.container(record))
+    return JSONResponse(schemas.container(record, services.runtime.image_rootfs))
 
 
 @router.get("")
@@ -46,14 +46,22 @@ async def list_containers(
     records, has_more = services.containers.list(
         principal, after=paging.after, limit=paging.limit, order=paging.order, name=name
     )
-    return JSONResponse(schemas.page([schemas.container(r) for r in records], has_more))
+    return JSONResponse(
+        schemas.page(
+            [schemas.container(r, services.runtime.image_rootfs) for r in records], has_more
+        )
+    )
 
 
 @router.get("/{container_id}")
 async def retrieve_container(
     container_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    return JSONResponse(schemas.container(services.containers.get(principal, container_id)))
+    return JSONResponse(
+        schemas.container(
+            services.containers.get(principal, container_id), services.runtime.image_rootfs
+        )
+    )
 
 
 @router.delete("/{container_id}")

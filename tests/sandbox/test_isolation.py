@@ -18,6 +18,7 @@ from sandbox_helpers import REPO, run1
 from shellbox.agent.protocol import OOM_NOTE
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime
+from shellbox.sandbox.cgroups import CgroupMode
 
 ZERO_CAPS = "0000000000000000"
 
@@ -206,12 +207,14 @@ async def test_memory_limit_kills_the_command_with_a_note(
     assert lines[0] == "before"
     assert lines[-1] == OOM_NOTE.format(limit="1024 MiB")
     # The agent survived and the commands' memory cgroup sits 48 MiB under the container's.
-    r = await run1(
-        runtime,
-        container,
-        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
-        " /sys/fs/cgroup/memory/cmds/memory.limit_in_bytes",
-    )
+    if runtime.cgroups.mode is CgroupMode.v2:
+        limits = "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/cmds/memory.max"
+    else:
+        limits = (
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+            " /sys/fs/cgroup/memory/cmds/memory.limit_in_bytes"
+        )
+    r = await run1(runtime, container, limits)
     container_limit, commands_limit = (int(x) for x in r.stdout.split())
     assert container_limit == 1 << 30
     assert container_limit - commands_limit == 48 << 20
@@ -244,7 +247,7 @@ class _HostProbe:
 
 
 def _pids_max_hits(runtime: OciRuntime, cid: str) -> int:
-    events = runtime.cgroups.root / "pids" / "shellbox" / cid / "cmds" / "pids.events"
+    events = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.events"
     return int(events.read_text().split()[1])
 
 
@@ -282,11 +285,11 @@ async def test_a_detached_fork_bomb_is_contained_and_destroy_removes_it(
             r = await run1(runtime, cid, "echo alive", timeout_ms=5000)
             assert r.stdout == "alive\n"
         assert max(probe.latencies) < 1.0, max(probe.latencies)
-        procs = runtime.cgroups.root / "pids" / "shellbox" / cid / "cmds" / "pids.current"
+        procs = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.current"
         assert int(procs.read_text()) > 100
     finally:
         await runtime.destroy(cid)
-    assert not any((h / "shellbox" / cid).exists() for h in runtime.cgroups.root.iterdir())
+    assert not any(runtime.cgroups.container_dir(cid, c).exists() for c in ("memory", "pids"))
 
 
 async def test_kernel_interfaces_are_refused(runtime: OciRuntime, container: str) -> None:

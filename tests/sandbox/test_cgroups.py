@@ -112,8 +112,15 @@ async def test_host_side_delegation_keeps_the_limits_root_owned(
         if (top / name).exists():  # memsw needs swap accounting
             assert (top / name).stat().st_uid == 0, name
     assert int(limit.read_text()) == 1 << 30
+    cpu = runtime.cgroups.container_dir(container, "cpu")
     if v2:
         assert set((top / "cgroup.subtree_control").read_text().split()) >= {"memory", "pids"}
+        assert (cpu / "cpu.max").read_text().split() == ["100000", "100000"]  # one core
+        assert (top / "pids.max").read_text().strip() == "1024"
+    else:
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        pids = runtime.cgroups.container_dir(container, "pids") / "pids.max"
+        assert pids.read_text().strip() == "1024"
 
 
 async def test_the_exec_fallback_joins_the_commands_cgroup(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import REPO, run1
+from sandbox_helpers import REPO, TIME_SCALE, run1
 
 from shellbox.agent.protocol import OOM_NOTE
 from shellbox.ids import new_id
@@ -246,45 +246,55 @@ class _HostProbe:
         self._thread.join()
 
 
+# Reached in well under a second here, and in seconds under emulation (1024 is not).
+BOMB_PIDS_LIMIT = 256
+
+
 def _pids_max_hits(runtime: OciRuntime, cid: str) -> int:
     events = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.events"
     return int(events.read_text().split()[1])
 
 
 async def test_a_fork_bomb_hits_the_pids_limit_and_the_timeout_kills_it(
-    runtime: OciRuntime, container: str
+    runtime: OciRuntime,
 ) -> None:
-    with _HostProbe() as probe:
-        # A bomb whose shell keeps forking until the timeout kills all of it.
-        bomb = "bomb() { bomb | bomb & }; while :; do bomb; done"
-        [r] = await runtime.run(container, ExecRequest([bomb], 3000, 2000))
-    assert r.outcome.type == "timeout"
-    assert len(r.stderr) <= 2000
-    assert _pids_max_hits(runtime, container) > 0  # the commands' pids.max was hit
-    assert max(probe.latencies) < 1.0, max(probe.latencies)
-    r = await run1(runtime, container, "echo alive; ps -e --no-headers | wc -l")
-    assert r.stdout.startswith("alive\n")
-    assert int(r.stdout.split()[1]) < 10, r  # nothing of the bomb is left
+    cid = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=cid, pids_limit=BOMB_PIDS_LIMIT))
+    await runtime.start(cid)
+    try:
+        with _HostProbe() as probe:
+            # A bomb whose shell keeps forking until the timeout kills all of it.
+            bomb = "bomb() { bomb | bomb & }; while :; do bomb; done"
+            [r] = await runtime.run(cid, ExecRequest([bomb], int(3000 * TIME_SCALE), 2000))
+        assert r.outcome.type == "timeout"
+        assert len(r.stderr) <= 2000
+        assert _pids_max_hits(runtime, cid) > 0  # the commands' pids.max was hit
+        assert max(probe.latencies) < 1.0 * TIME_SCALE, max(probe.latencies)
+        r = await run1(runtime, cid, "echo alive; ps -e --no-headers | wc -l")
+        assert r.stdout.startswith("alive\n")
+        assert int(r.stdout.split()[1]) < 10, r  # nothing of the bomb is left
+    finally:
+        await runtime.destroy(cid)
 
 
 async def test_a_detached_fork_bomb_is_contained_and_destroy_removes_it(
     runtime: OciRuntime,
 ) -> None:
     cid = new_id("cntr_")
-    await runtime.create(ContainerSpec(id=cid))
+    await runtime.create(ContainerSpec(id=cid, pids_limit=BOMB_PIDS_LIMIT))
     await runtime.start(cid)
     try:
         with _HostProbe() as probe:
             # The classic bomb detaches at once: like any background job it outlives its call.
-            r = await run1(runtime, cid, ":(){ :|:& };:", timeout_ms=5000)
+            r = await run1(runtime, cid, ":(){ :|:& };:", timeout_ms=int(5000 * TIME_SCALE))
             assert r.outcome.type == "exit"
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0 * TIME_SCALE)
             assert _pids_max_hits(runtime, cid) > 0
             # The agent keeps its reserve of processes and still answers (a builtin needs no
             # fork; the bomb holds every process the commands may have).
-            r = await run1(runtime, cid, "echo alive", timeout_ms=5000)
+            r = await run1(runtime, cid, "echo alive", timeout_ms=int(5000 * TIME_SCALE))
             assert r.stdout == "alive\n"
-        assert max(probe.latencies) < 1.0, max(probe.latencies)
+        assert max(probe.latencies) < 1.0 * TIME_SCALE, max(probe.latencies)
         procs = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.current"
         assert int(procs.read_text()) > 100
     finally:

@@ -205,8 +205,11 @@ class Cgroups:
             _mkdir(root + "/agent")
             write_file(root + "/agent/cgroup.procs", str(posix.getpid()))
             write_file(root + "/cgroup.subtree_control", "+pids +memory")
+            # cmds holds the commands' pids and memory; its cmd-N leaves need no controller
+            # (cgroup.kill and cgroup.freeze are core). With pids enabled in them, a fork
+            # refused at cmds' limit would be counted in the leaf's pids.events, not cmds'
+            # (Linux before 6.13), and the leaf is gone once the command is killed.
             _mkdir(root + "/cmds")
-            write_file(root + "/cmds/cgroup.subtree_control", "+pids")
             mem, pids = root + "/memory.max", root + "/pids.max"
             cmds_mem, cmds_pids = root + "/cmds/memory.max", root + "/cmds/pids.max"
         else:

@@ -61,6 +61,7 @@ def _cgroup_dirs(cid: str) -> list[Path]:
 def test_a_container_life_through_every_cgroup_feature(short: Any) -> None:
     health = httpx.get(f"{short.root_url}/healthz").json()
     assert health["cgroup"] == detect_mode().value
+    assert "cgroup layout: " in short.log()  # and the start-up log says it in words
     expected = os.environ.get("SHELLBOX_EXPECT_CGROUP")
     if expected:
         assert health["cgroup"] == expected

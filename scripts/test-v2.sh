@@ -146,10 +146,12 @@ ensure_guest() {
     rm -rf "$dir"
     mv "$tmp" "$dir"
     say "guest image built in $((SECONDS - t0)) s: $dir"
-    # Older recipes' images are dead weight (each is ~1.5 GB).
-    find "$CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build-*' \
-      -exec rm -rf {} +
   fi
+  touch "$dir/used"
+  # Other recipes' images unused for a day are dead weight (~1 GB each); a younger one may be
+  # another checkout's, booted right now.
+  find "$CACHE_ROOT" -mindepth 2 -maxdepth 2 -name used -mmin +1440 -printf '%h\0' \
+    | xargs -0r rm -rf
   flock -u 9
   GUEST=$dir
 }

@@ -123,16 +123,14 @@ async def test_host_side_delegation_keeps_the_limits_root_owned(
         assert pids.read_text().strip() == "1024"
 
 
-async def test_the_exec_fallback_joins_the_commands_cgroup(
-    runtime: OciRuntime, container: str
-) -> None:
-    """Without the agent, ``crun exec`` runs the command. On v2 the container's own cgroup
-    cannot hold it (the agent enabled controllers there): it joins ``cmds/exec``, under the
-    commands' limits."""
-    runtime.socket_path(container).unlink()
-    [r] = await runtime.run(container, ExecRequest(["cat /proc/self/cgroup"], 20_000, 4096))
+async def test_the_exec_fallback_joins_the_commands_cgroup(oci: OciRuntime, box: str) -> None:
+    """Without the agent, ``crun exec`` (``runc exec``) runs the command. On v2 the
+    container's own cgroup cannot hold it (the agent enabled controllers there): it joins
+    ``cmds/exec``, under the commands' limits."""
+    oci.socket_path(box).unlink()
+    [r] = await oci.run(box, ExecRequest(["cat /proc/self/cgroup"], 20_000, 4096))
     assert r.outcome.exit_code == 0, r
-    if runtime.cgroups.mode is CgroupMode.v2:
+    if oci.cgroups.mode is CgroupMode.v2:
         assert _own_cgroups(r.stdout) == {"": "/cmds/exec"}
     else:
         assert _own_cgroups(r.stdout)["memory"] == "/"

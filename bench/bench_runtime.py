@@ -159,12 +159,7 @@ async def bench_idle_memory(rt: OciRuntime) -> dict[str, float]:
         usage = await rt.memory_usage(cid)
         if usage is not None:
             charged.append(usage / 2**20)
-        procs = rt.cgroups.root / "pids" / "shellbox" / cid
-        pids: list[int] = []
-        for dirpath, _dirs, files in os.walk(procs):
-            if "cgroup.procs" in files:
-                with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                    pids += [int(p) for p in f.read().split()]
+        pids = sorted(rt.cgroups.pids(cid))  # its cgroup and the agent's sub-cgroups
         pss.append(sum(_pss_kb(p) for p in pids) / 1024)
         rss_kb = 0
         for p in pids:

@@ -70,6 +70,10 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "version": __version__})
+        # The cgroup layout the sandboxes run on (v2, hybrid or v1): support questions start here.
+        svc = app.state.services
+        return JSONResponse(
+            {"status": "ok", "version": __version__, "cgroup": svc.runtime.cgroups.mode.value}
+        )
 
     return app

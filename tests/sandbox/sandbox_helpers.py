@@ -15,6 +15,9 @@ from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
+# How much slower than this host the tests run: scripts/test-v2.sh sets it for its emulated
+# guest (10-15x slower), where a fork bomb needs more than 3 s to reach a pids limit.
+TIME_SCALE = float(os.environ.get("SHELLBOX_TEST_TIME_SCALE", "1"))
 
 
 def remove_state_dir(path: Path) -> None:

@@ -50,7 +50,8 @@ def runtime_on(state: Path) -> OciRuntime:
 
 def leftovers(rt: OciRuntime, cid: str) -> list[str]:
     """Everything of a container that may outlive it on the host."""
-    found = [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/shellbox/{cid}")]
+    root = Path("/sys/fs/cgroup")  # v1 and hybrid: one tree per controller; v2: one tree
+    found = [str(p) for p in [*root.glob(f"*/shellbox/{cid}"), *root.glob(f"shellbox/{cid}")]]
     for ns in ("self", "1"):  # this process's mount namespace, and the host's
         with open(f"/proc/{ns}/mountinfo") as f:
             found += [line for line in f if cid in line]

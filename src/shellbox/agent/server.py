@@ -61,6 +61,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``typing`` alone would cost the agent ~20 ms at start-up here
     import signal as _signal
+    from collections.abc import Callable
     from typing import Any, ClassVar
 
     from shellbox.agent import protocol as P
@@ -205,8 +206,11 @@ class Cgroups:
             _mkdir(root + "/agent")
             write_file(root + "/agent/cgroup.procs", str(posix.getpid()))
             write_file(root + "/cgroup.subtree_control", "+pids +memory")
+            # cmds holds the commands' pids and memory; its cmd-N leaves need no controller
+            # (cgroup.kill and cgroup.freeze are core). With pids enabled in them, a fork
+            # refused at cmds' limit would be counted in the leaf's pids.events, not cmds'
+            # (Linux before 6.13), and the leaf is gone once the command is killed.
             _mkdir(root + "/cmds")
-            write_file(root + "/cmds/cgroup.subtree_control", "+pids")
             mem, pids = root + "/memory.max", root + "/pids.max"
             cmds_mem, cmds_pids = root + "/cmds/memory.max", root + "/cmds/pids.max"
         else:
@@ -300,25 +304,15 @@ class Cgroups:
             _kill_quietly(-fallback_pgid)
             return
         if self.v2:
-            write_file(f"{CGROUP_ROOT}/cmds/{name}/cgroup.kill", "1")
-            return
-        freezer = f"{CGROUP_ROOT}/freezer/{name}"
-        state = freezer + "/freezer.state"
-        # A frozen process cannot fork, and ignores SIGKILL until thawed: freeze, kill, thaw.
-        for _ in range(5):
-            write_file(state, "FROZEN")
-            deadline = time.monotonic() + 1.0
-            while read_file(state).strip() != "FROZEN" and time.monotonic() < deadline:
-                time.sleep(0.0005)
-            pids = [int(p) for p in read_file(freezer + "/cgroup.procs").split()]
-            for pid in pids:
-                _kill_quietly(pid)
-            write_file(state, "THAWED")
-            if not pids:
+            group = f"{CGROUP_ROOT}/cmds/{name}"
+            if _exists(group + "/cgroup.kill"):  # Linux 5.14+: the kernel kills the tree
+                write_file(group + "/cgroup.kill", "1")
                 return
-            deadline = time.monotonic() + 0.2
-            while read_file(freezer + "/cgroup.procs").strip() and time.monotonic() < deadline:
-                time.sleep(0.001)
+            _freeze_and_kill(group, "cgroup.freeze", ("1", "0"), _v2_frozen)
+            return
+        _freeze_and_kill(
+            f"{CGROUP_ROOT}/freezer/{name}", "freezer.state", ("FROZEN", "THAWED"), _v1_frozen
+        )
 
     def remove(self, name: str) -> bool:
         """Remove a command's cgroup once nothing lives in it; False if still in use."""
@@ -331,6 +325,36 @@ class Cgroups:
         except OSError:
             return False
         return True
+
+
+def _v1_frozen(group: str) -> bool:
+    return read_file(group + "/freezer.state").strip() == "FROZEN"
+
+
+def _v2_frozen(group: str) -> bool:
+    return "frozen 1" in read_file(group + "/cgroup.events")
+
+
+def _freeze_and_kill(
+    group: str, control: str, values: tuple[str, str], frozen: Callable[[str], bool]
+) -> None:
+    """Kill every process in ``group``. A frozen process cannot fork, and ignores SIGKILL
+    until thawed: freeze, kill, thaw, until the group is empty."""
+    freeze, thaw = values
+    for _ in range(5):
+        write_file(f"{group}/{control}", freeze)
+        deadline = time.monotonic() + 1.0
+        while not frozen(group) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        pids = [int(p) for p in read_file(group + "/cgroup.procs").split()]
+        for pid in pids:
+            _kill_quietly(pid)
+        write_file(f"{group}/{control}", thaw)
+        if not pids:
+            return
+        deadline = time.monotonic() + 0.2
+        while read_file(group + "/cgroup.procs").strip() and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 class Spare:

@@ -1,14 +1,20 @@
 """The host's cgroup layout: which kind it is, and the per-container subtree we delegate.
 
-Three layouts exist: pure v2, pure v1, and *hybrid* (v1 controllers plus a v2 mount at
-``/sys/fs/cgroup/unified`` holding nothing useful). crun 1.8 refuses hybrid hosts, so on those
-every crun call runs in a private mount namespace with the v2 mount removed, which makes crun
-use plain v1 (see ``crun.py``).
+Three layouts exist: pure v2 (Debian 12, Ubuntu 22.04+, Fedora, Kubernetes nodes), pure v1,
+and *hybrid* (v1 controllers plus a v2 mount at ``/sys/fs/cgroup/unified`` holding nothing
+useful). crun 1.8 refuses hybrid hosts, so on those every crun call runs in a private mount
+namespace with the v2 mount removed, which makes crun use plain v1 (see ``crun.py``).
 
 Each container's cgroup is ``shellbox/<id>``. Before the container starts we create it in the
 controllers the in-container agent needs (memory, pids, freezer) and hand it to the
 container's root uid, so the agent can make one sub-cgroup per command; uid 1000 inside can
 neither move out of it nor raise a limit.
+
+On v2 that hand-over is the kernel's delegation (``cgroup.procs``, ``cgroup.subtree_control``
+and ``cgroup.threads`` owned by the delegatee); the limit files stay root's. The agent then
+lives in ``agent/`` and the commands in ``cmds/cmd-N`` (v2 lets no cgroup with controllers
+enabled for its children hold processes). The freezer is ``cgroup.freeze`` and a command's
+whole tree dies by ``cgroup.kill``: nothing to mount or enable.
 """
 
 from __future__ import annotations
@@ -44,23 +50,64 @@ class CgroupMode(StrEnum):
 def detect_mode(root: Path = CGROUP_ROOT) -> CgroupMode:
     if (root / "cgroup.controllers").exists():
         return CgroupMode.v2
-    if (root / "unified").is_dir() and _is_cgroup2(root / "unified"):
+    # A tmpfs there is hybrid too: the stand-in a shellbox process (this one, or the parent
+    # whose mount namespace it inherited) put over the cgroup2 mount (``hostns``).
+    if (root / "unified").is_dir() and _mount_type(root / "unified") in ("cgroup2", "tmpfs"):
         return CgroupMode.hybrid
     return CgroupMode.v1
 
 
-def _is_cgroup2(path: Path) -> bool:
-    target = str(path)
+def _mount_type(path: Path) -> str | None:
+    """The filesystem type mounted at ``path`` (the topmost mount), or None."""
+    target, found = str(path), None
     with open("/proc/self/mounts") as f:
-        return any(
-            line.split()[1] == target and line.split()[2] == "cgroup2" for line in f if line.strip()
-        )
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == target:
+                found = fields[2]
+    return found
 
 
 @dataclass(frozen=True)
 class HostCgroups:
     mode: CgroupMode
     root: Path = CGROUP_ROOT
+
+    def describe(self) -> str:
+        """The layout in words, for the start-up log."""
+        return {
+            CgroupMode.v2: "pure cgroup v2 (unified hierarchy, delegated subtrees)",
+            CgroupMode.hybrid: "hybrid (cgroup v1 controllers, cgroup2 mount hidden from crun)",
+            CgroupMode.v1: "cgroup v1",
+        }[self.mode]
+
+    def container_dir(self, container_id: str, controller: str = "memory") -> Path:
+        """The directory of the container's cgroup holding ``controller``'s files (on v2 one
+        directory holds them all)."""
+        if self.mode is CgroupMode.v2:
+            return self.root / PARENT / container_id
+        return self.root / controller / PARENT / container_id
+
+    def exec_cgroup(self, container_id: str) -> str | None:
+        """The sub-cgroup an OCI ``exec`` must join, relative to the container's cgroup, or
+        None for the container's own.
+
+        On v2 a cgroup whose ``cgroup.subtree_control`` is not empty cannot take processes,
+        and the agent enables memory and pids there: an exec then joins a leaf under
+        ``cmds`` (created here), so it shares the commands' limits and spares the agent's
+        memory, as a command run by the agent would.
+        """
+        if self.mode is not CgroupMode.v2:
+            return None
+        top = self.root / PARENT / container_id
+        try:
+            if not (top / "cgroup.subtree_control").read_text().split():
+                return None
+        except OSError:
+            return None
+        parent = top / "cmds" if (top / "cmds").is_dir() else top
+        (parent / "exec").mkdir(exist_ok=True)
+        return str((parent / "exec").relative_to(top))
 
     def cgroups_path(self, container_id: str) -> str:
         """The value for the OCI ``linux.cgroupsPath``."""
@@ -139,10 +186,8 @@ class HostCgroups:
 
     def memory_usage(self, container_id: str) -> int | None:
         """Bytes charged to the container's memory cgroup, or None without one."""
-        if self.mode is CgroupMode.v2:
-            path = self.root / PARENT / container_id / "memory.current"
-        else:
-            path = self.root / "memory" / PARENT / container_id / "memory.usage_in_bytes"
+        name = "memory.current" if self.mode is CgroupMode.v2 else "memory.usage_in_bytes"
+        path = self.container_dir(container_id, "memory") / name
         try:
             return int(path.read_text())
         except (OSError, ValueError):
@@ -151,10 +196,7 @@ class HostCgroups:
     def pids(self, container_id: str) -> set[int]:
         """Host pids of every process in the container's cgroup and its sub-cgroups (the
         agent's per-command ones): where its processes are, wherever they daemonized to."""
-        if self.mode is CgroupMode.v2:
-            top = self.root / PARENT / container_id
-        else:
-            top = self.root / "pids" / PARENT / container_id
+        top = self.container_dir(container_id, "pids")
         found: set[int] = set()
         for dirpath, _, _ in os.walk(top):
             try:

@@ -157,6 +157,7 @@ class OciRuntime:
             msg = f"{binary} is not installed; run ./scripts/setup.sh"
             raise SandboxError(msg)
         self.cgroups = HostCgroups(detect_mode())
+        log.info("cgroup layout: %s", self.cgroups.describe())
         # Once per process, while it has no threads: OCI calls then need no namespace set-up.
         hostns.enter_private_namespace(
             self.cgroups.mode is CgroupMode.hybrid, self.uid_ranges.count
@@ -614,10 +615,12 @@ class OciRuntime:
         env.update(request.env or {})
         results: builtins.list[CommandResult] = []
         for command in request.commands:
+            sub = self.cgroups.exec_cgroup(container_id)
             args = [
                 "--root",
                 str(self.oci_root),
                 "exec",
+                *(["--cgroup", sub] if sub else []),
                 "--user",
                 f"{oci.SANDBOX_UID}:{oci.SANDBOX_UID}",
                 "--cwd",

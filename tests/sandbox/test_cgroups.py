@@ -1,0 +1,146 @@
+"""The cgroup layout of the host, and the per-command cgroups the agent makes in its delegated
+subtree, on whichever layout this host has (hybrid here; pure v2 in ``scripts/test-v2.sh``).
+
+``SHELLBOX_EXPECT_CGROUP`` (v1, v2, hybrid) makes a lane fail when the layout is not the one it
+was booted for, so the v2 lane can never pass by running on something else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sandbox_helpers import run1
+
+from shellbox.sandbox import ExecRequest, OciRuntime
+from shellbox.sandbox.cgroups import CgroupMode, detect_mode
+
+
+def _mounted_layout() -> CgroupMode:
+    """The layout as the host's mount table tells it (PID 1's: this process may be in a
+    private mount namespace where a tmpfs hides the hybrid cgroup2 mount)."""
+    with open("/proc/1/mounts") as f:
+        mounts = {line.split()[1]: line.split()[2] for line in f if line.strip()}
+    if mounts.get("/sys/fs/cgroup") == "cgroup2":
+        return CgroupMode.v2
+    if mounts.get("/sys/fs/cgroup/unified") == "cgroup2":
+        return CgroupMode.hybrid
+    return CgroupMode.v1
+
+
+def test_the_layout_is_detected(runtime: OciRuntime) -> None:
+    assert runtime.cgroups.mode is detect_mode() is _mounted_layout()
+    expected = os.environ.get("SHELLBOX_EXPECT_CGROUP")
+    if expected:
+        assert runtime.cgroups.mode.value == expected
+
+
+def test_detection_on_a_made_up_tree(tmp_path: Path) -> None:
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpu memory pids\n")
+    assert detect_mode(tmp_path / "v2") is CgroupMode.v2
+    (tmp_path / "v1" / "memory").mkdir(parents=True)
+    assert detect_mode(tmp_path / "v1") is CgroupMode.v1  # nothing mounted at <root>/unified
+    (tmp_path / "v1" / "unified").mkdir()
+    assert detect_mode(tmp_path / "v1") is CgroupMode.v1
+
+
+def _own_cgroups(text: str) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` as controller -> path (v2's single line is under "")."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            out[name.removeprefix("name=")] = path
+    return out
+
+
+async def test_each_command_runs_in_its_own_cgroup_apart_from_the_agent(
+    runtime: OciRuntime, container: str
+) -> None:
+    one = _own_cgroups((await run1(runtime, container, "cat /proc/self/cgroup")).stdout)
+    two = _own_cgroups((await run1(runtime, container, "cat /proc/self/cgroup")).stdout)
+    # The agent steps into a command's cgroups for the moment of its spawn: look a bit later.
+    agent = _own_cgroups((await run1(runtime, container, "sleep 0.3; cat /proc/1/cgroup")).stdout)
+    if runtime.cgroups.mode is CgroupMode.v2:
+        # The agent in a leaf of its own, commands in leaves under the shared cmds/.
+        assert agent == {"": "/agent"}
+        assert one[""].startswith("/cmds/cmd-") and two[""].startswith("/cmds/cmd-")
+        assert one[""] != two[""]
+        return
+    assert one["freezer"].startswith("/cmd-") and one["freezer"] != two["freezer"]
+    assert one["pids"] == one["memory"] == "/cmds"
+    assert agent["freezer"] == agent["pids"] == agent["memory"] == "/"
+
+
+async def test_the_sandbox_user_cannot_raise_a_limit_or_leave_its_cgroup(
+    runtime: OciRuntime, container: str
+) -> None:
+    if runtime.cgroups.mode is CgroupMode.v2:
+        limits = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cmds/memory.max",
+                  "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cmds/pids.max"]  # fmt: skip
+        homes = ["/sys/fs/cgroup/agent/cgroup.procs", "/sys/fs/cgroup/cgroup.procs"]
+    else:
+        limits = ["/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/cmds/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/pids/cmds/pids.max"]  # fmt: skip
+        homes = ["/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs"]
+    tries = [f"echo max > {p} && echo RAISED {p}" for p in limits]
+    tries += [f"echo $$ > {p} && echo MOVED {p}" for p in homes]
+    r = await run1(runtime, container, "; ".join(tries))
+    assert "RAISED" not in r.stdout and "MOVED" not in r.stdout, r
+
+
+async def test_host_side_delegation_keeps_the_limits_root_owned(
+    runtime: OciRuntime, container: str
+) -> None:
+    v2 = runtime.cgroups.mode is CgroupMode.v2
+    top = runtime.cgroups.container_dir(container, "memory")
+    container_root = top.stat().st_uid
+    assert container_root != 0
+    if v2:
+        delegated = ["cgroup.procs", "cgroup.subtree_control", "cgroup.threads"]
+        kept = ["memory.max", "pids.max", "cpu.max", "cgroup.freeze", "cgroup.kill"]
+        limit = top / "memory.max"
+    else:
+        delegated = ["cgroup.procs", "tasks"]
+        kept = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+        limit = top / "memory.limit_in_bytes"
+    for name in delegated:
+        assert (top / name).stat().st_uid == container_root, name
+    for name in kept:
+        if (top / name).exists():  # memsw needs swap accounting
+            assert (top / name).stat().st_uid == 0, name
+    assert int(limit.read_text()) == 1 << 30
+    cpu = runtime.cgroups.container_dir(container, "cpu")
+    if v2:
+        assert set((top / "cgroup.subtree_control").read_text().split()) >= {"memory", "pids"}
+        assert (cpu / "cpu.max").read_text().split() == ["100000", "100000"]  # one core
+        assert (top / "pids.max").read_text().strip() == "1024"
+    else:
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        pids = runtime.cgroups.container_dir(container, "pids") / "pids.max"
+        assert pids.read_text().strip() == "1024"
+
+
+async def test_the_exec_fallback_joins_the_commands_cgroup(oci: OciRuntime, box: str) -> None:
+    """Without the agent, ``crun exec`` (``runc exec``) runs the command. On v2 the
+    container's own cgroup cannot hold it (the agent enabled controllers there): it joins
+    ``cmds/exec``, under the commands' limits."""
+    oci.socket_path(box).unlink()
+    [r] = await oci.run(box, ExecRequest(["cat /proc/self/cgroup"], 20_000, 4096))
+    assert r.outcome.exit_code == 0, r
+    if oci.cgroups.mode is CgroupMode.v2:
+        assert _own_cgroups(r.stdout) == {"": "/cmds/exec"}
+    else:
+        assert _own_cgroups(r.stdout)["memory"] == "/"
+
+
+async def test_memory_usage_is_read_from_the_container_cgroup(
+    runtime: OciRuntime, container: str
+) -> None:
+    before = await runtime.memory_usage(container)
+    await run1(runtime, container, "head -c 64M /dev/zero > /dev/shm/fill")
+    after = await runtime.memory_usage(container)
+    assert before is not None and after is not None
+    assert after - before >= 60 << 20  # tmpfs pages are charged to the container

@@ -59,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     pids_limit=settings.runtime.pids_limit,
                     cpus=settings.runtime.cpus,
                     tmp_size_mb=settings.runtime.tmp_size_mb,
+                    disk_limit_bytes=settings.disk_limit_bytes(),
                 )
             )
         try:
@@ -211,6 +212,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     """Apply a ``*** Begin Patch`` envelope to a container's /mnt/data (all or nothing)."""
     from shellbox.errors import ContainerNotFound, InvalidRequest
     from shellbox.patch import PatchError, parse_patch
+    from shellbox.sandbox import storage_config
     from shellbox.sandbox.crun import OciRuntime
     from shellbox.sandbox.image import image_for
     from shellbox.service.patching import apply_operations
@@ -223,7 +225,9 @@ def cmd_patch(args: argparse.Namespace) -> int:
         msg = f"{args.file}: {exc}"
         raise InvalidRequest(msg) from None
     runtime = OciRuntime(
-        settings.state_dir, image_for(settings.image_dir(), settings.runtime.image_profile).path
+        settings.state_dir,
+        image_for(settings.image_dir(), settings.runtime.image_profile).path,
+        storage_config=storage_config(settings),
     )
     if not (runtime.container_dir(args.container) / "spec.json").exists():
         msg = f"no container {args.container!r} in {settings.state_dir}"

@@ -20,6 +20,7 @@ from shellbox.sandbox.base import (
 )
 from shellbox.sandbox.crun import OciRuntime
 from shellbox.sandbox.image import ensure_image
+from shellbox.sandbox.storage import StorageConfig
 from shellbox.settings import Settings
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Runtime",
     "SandboxInfo",
     "create_runtime",
+    "storage_config",
 ]
 
 
@@ -50,4 +52,10 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
         image.path,
         binary=settings.runtime.type,
         seccomp=settings.runtime.seccomp,
+        storage_config=storage_config(settings),
     )
+
+
+def storage_config(settings: Settings) -> StorageConfig:
+    s = settings.storage
+    return StorageConfig(backend=s.backend, device=s.device, size_gb=s.size_gb)

@@ -4,10 +4,17 @@ Disk layout under the state directory, per container ``<state>/containers/<id>/`
 
     spec.json   the ContainerSpec, to recreate the bundle after a restart
     config.json the OCI bundle config (rewritten at every start)
-    upper/ work/  the overlay's private layer (the shared image is the lower layer)
     rootfs/     the overlay mount point (mounted only inside the container's namespace)
-    data/       bind-mounted at /mnt/data; the host reads and writes container files here
     agent.log   the agent's stdout/stderr
+
+and its disk, ``<state>/disks/<id>/``, a btrfs subvolume with the container's disk quota
+(``storage.py``):
+
+    upper/ work/  the overlay's private layer (the shared image is the lower layer)
+    data/       bind-mounted at /mnt/data; the host reads and writes container files here
+
+Containers made before disks existed keep ``upper/ work/ data/`` in their container
+directory, and run without a disk quota.
 
 Volatile pieces live in ``/run/shellbox/<hash of state dir>/`` (short paths: a Unix socket
 path must fit in 108 bytes): the OCI runtime's own state and each container's socket
@@ -62,7 +69,7 @@ from typing import Any, Literal
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
 from shellbox.errors import AgentNotReachable, AgentUnavailable, ContainerNotFound, SandboxError
-from shellbox.sandbox import hostns, oci
+from shellbox.sandbox import hostns, oci, storage
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -130,6 +137,7 @@ class OciRuntime:
         binary: Literal["crun", "runc"] = "crun",
         seccomp: bool = True,
         sandbox_env: dict[str, str] | None = None,
+        storage_config: storage.StorageConfig | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.image_rootfs = image_rootfs
@@ -150,6 +158,10 @@ class OciRuntime:
         self.cache_dir = self.state_dir / "cache"
         self.containers_dir.mkdir(parents=True, exist_ok=True)
         hostns.keep_mounts_under(str(self.containers_dir))  # overlay roots stay ours
+        # After the namespace is ours: the disks' filesystem is mounted there, not on the host.
+        config = storage_config or storage.StorageConfig()
+        self.storage = storage.open_storage(self.state_dir, config)
+        self._disk_dirs: dict[str, Path] = {}
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.oci_root.mkdir(parents=True, exist_ok=True)
         (self.run_base / OWNER_FILE).write_text(str(self.state_dir))
@@ -177,8 +189,26 @@ class OciRuntime:
             raise ContainerNotFound(msg)
         return self.containers_dir / container_id
 
+    def disk_dir(self, container_id: str) -> Path:
+        """Where the container's ``upper/``, ``work/`` and ``data/`` are."""
+        known = self._disk_dirs.get(container_id)
+        if known is not None:
+            return known
+        cdir = self.container_dir(container_id)
+        disk = self.storage.path(container_id)
+        if not disk.is_dir() and (cdir / "data").is_dir():
+            disk = cdir  # made before disks existed: no quota
+        elif not disk.is_dir():
+            return disk  # not made (yet): remember nothing
+        self._disk_dirs[container_id] = disk
+        return disk
+
     def data_dir(self, container_id: str) -> Path:
-        return self.container_dir(container_id) / "data"
+        return self.disk_dir(container_id) / "data"
+
+    def disk_usage(self, container_id: str) -> int | None:
+        """Bytes the container's disk holds against its quota (None: it has no quota)."""
+        return self.storage.usage(container_id)
 
     def socket_dir(self, container_id: str) -> Path:
         return self.run_base / "sock" / container_id
@@ -264,15 +294,18 @@ class OciRuntime:
 
     async def create(self, spec: ContainerSpec) -> None:
         cdir = self.container_dir(spec.id)
-        for sub in ("upper", "work", "rootfs", "data"):
-            (cdir / sub).mkdir(parents=True, exist_ok=True)
+        (cdir / "rootfs").mkdir(parents=True, exist_ok=True)
         os.chmod(cdir, 0o711)  # the container root must traverse it to its rootfs
+        disk = self.storage.create(spec.id, spec.disk_limit_bytes)
+        for sub in ("upper", "work", "data"):
+            (disk / sub).mkdir(exist_ok=True)
         root_uid = oci.host_uid(0)
-        os.chown(cdir / "upper", root_uid, root_uid)
-        os.chmod(cdir / "upper", 0o755)
+        os.chown(disk / "upper", root_uid, root_uid)
+        os.chmod(disk / "upper", 0o755)
         sandbox_uid = oci.host_uid(oci.SANDBOX_UID)
-        os.chown(cdir / "data", sandbox_uid, sandbox_uid)
-        os.chmod(cdir / "data", 0o755)
+        os.chown(disk / "data", sandbox_uid, sandbox_uid)
+        os.chmod(disk / "data", 0o755)
+        self._disk_dirs[spec.id] = disk
         (cdir / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
         self._spec_env.pop(spec.id, None)
 
@@ -286,8 +319,10 @@ class OciRuntime:
         return _spec_from_json(raw)
 
     async def update_spec(self, spec: ContainerSpec) -> None:
-        """Replace the stored spec (used on the next start)."""
+        """Replace the stored spec (used on the next start); a new disk limit applies now."""
         self._spec_env.pop(spec.id, None)
+        if self.load_spec(spec.id).disk_limit_bytes != spec.disk_limit_bytes:
+            self.storage.set_limit(spec.id, spec.disk_limit_bytes)
         (self.container_dir(spec.id) / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
 
     async def start(self, container_id: str) -> None:
@@ -307,6 +342,7 @@ class OciRuntime:
     async def _start(self, container_id: str) -> None:
         spec = self.load_spec(container_id)
         cdir = self.container_dir(container_id)
+        disk = self.disk_dir(container_id)
         sock_dir = self.socket_dir(container_id)
         sock_dir.mkdir(parents=True, exist_ok=True)
         root_uid = oci.host_uid(0)
@@ -323,7 +359,7 @@ class OciRuntime:
         config = oci.build_config(
             spec,
             rootfs=cdir / "rootfs",
-            data_dir=cdir / "data",
+            data_dir=disk / "data",
             run_dir=sock_dir,
             agent_dir=self.agent_dir,
             cgroups_path=self.cgroups.cgroups_path(container_id),
@@ -332,7 +368,7 @@ class OciRuntime:
             hosts_file=hosts_file,
         )
         (cdir / "config.json").write_text(json.dumps(config))
-        overlay = f"lowerdir={self.image_rootfs},upperdir={cdir / 'upper'},workdir={cdir / 'work'}"
+        overlay = f"lowerdir={self.image_rootfs},upperdir={disk / 'upper'},workdir={disk / 'work'}"
         # Socket activation: bound and listening before the agent exists. It reaches the agent
         # as crun's stdin, which a detached container inherits (the agent moves it off fd 0).
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -381,6 +417,8 @@ class OciRuntime:
         async with self._lock(container_id):
             await self._remove_oci(container_id)
             cdir = self.container_dir(container_id)
+            await asyncio.to_thread(self.storage.remove, container_id)
+            self._disk_dirs.pop(container_id, None)
             if cdir.exists():
                 await asyncio.to_thread(shutil.rmtree, cdir, True)
             shutil.rmtree(self.socket_dir(container_id), ignore_errors=True)

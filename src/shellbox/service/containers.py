@@ -213,6 +213,7 @@ class ContainerService:
                 pids_limit=rs.pids_limit,
                 cpus=rs.cpus,
                 tmp_size_mb=rs.tmp_size_mb,
+                disk_limit_bytes=self.settings.disk_limit_bytes(),
                 env=prov.env,
                 mounts=tuple(prov.mounts),
                 netns_path=prov.netns_path,
@@ -223,8 +224,9 @@ class ContainerService:
                 pooled = None
             if pooled is None:
                 await self.runtime.create(spec)
-            elif spec.env != pooled.env:
-                await self.runtime.update_spec(spec)  # env applies per command: store it
+            elif spec != pooled:
+                # env applies per command and a disk limit at once: store them
+                await self.runtime.update_spec(spec)
             with self.db.begin() as conn:
                 conn.execute(
                     insert(containers).values(
@@ -266,6 +268,7 @@ class ContainerService:
             pids_limit=rs.pids_limit,
             cpus=rs.cpus,
             tmp_size_mb=rs.tmp_size_mb,
+            disk_limit_bytes=self.settings.disk_limit_bytes(),
         )
 
     async def _discard(self, cid: str, prov: Provisioned) -> None:
@@ -551,5 +554,8 @@ class ContainerService:
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
-    which the runtime hands to each command rather than to the container at start."""
-    return dataclasses.replace(pooled, env={}) == dataclasses.replace(wanted, env={})
+    which the runtime hands to each command rather than to the container at start, and the
+    disk limit, which ``update_spec`` changes on the spot."""
+    return dataclasses.replace(pooled, env={}, disk_limit_bytes=0) == dataclasses.replace(
+        wanted, env={}, disk_limit_bytes=0
+    )

@@ -7,6 +7,7 @@ fast."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir, run1
 
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
+from shellbox.sandbox.oci import SANDBOX_UID, host_uid
 from shellbox.settings import Settings
 
 MiB = 1 << 20
@@ -142,3 +144,26 @@ async def test_destroy_removes_the_disk_and_its_qgroup(rt: OciRuntime) -> None:
     assert not rt.storage.path(cid).exists()
     assert not qgroup.exists()
     assert rt.disk_usage(cid) is None
+
+
+async def test_containers_made_before_disks_run_on_without_a_quota(rt: OciRuntime) -> None:
+    # What create() laid out before: upper/, work/ and data/ in the container directory.
+    cid = new_id("cntr_")
+    cdir = rt.container_dir(cid)
+    for sub in ("upper", "work", "rootfs", "data"):
+        (cdir / sub).mkdir(parents=True)
+    cdir.chmod(0o711)
+    os.chown(cdir / "upper", host_uid(0), host_uid(0))
+    (cdir / "data" / "old.txt").write_text("kept\n")
+    for path in (cdir / "data", cdir / "data" / "old.txt"):
+        os.chown(path, host_uid(SANDBOX_UID), host_uid(SANDBOX_UID))
+    (cdir / "spec.json").write_text(json.dumps({"id": cid}))
+    try:
+        assert await rt.recover() == {cid: "restarted"}
+        r = await run1(rt, cid, "cat old.txt && fallocate -l 100M /mnt/data/x && echo written")
+        assert r.stdout == "kept\nwritten\n", r
+        assert rt.data_dir(cid) == cdir / "data"
+        assert rt.disk_usage(cid) is None
+    finally:
+        await rt.destroy(cid)
+    assert not cdir.exists()

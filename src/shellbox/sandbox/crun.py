@@ -504,8 +504,8 @@ class OciRuntime:
         return done
 
     async def sweep_orphans(self) -> builtins.list[str]:
-        """Remove OCI state, cgroups and socket directories of containers that have no disk
-        (their destroy was interrupted). Returns the ids cleaned up."""
+        """Remove OCI state, cgroups, socket directories and disks of containers that have no
+        spec (their destroy was interrupted). Returns the ids cleaned up."""
         known = {p.name for p in self.containers_dir.iterdir() if (p / "spec.json").exists()}
         orphans: set[str] = set()
         if self.oci_root.is_dir():
@@ -515,11 +515,19 @@ class OciRuntime:
             orphans |= {p.name for p in sock_root.iterdir()} - known
         # Cgroups are shared by every state directory on the host: only ids we have a trace of.
         orphans |= (self.cgroups.existing() & orphans) - known
+        # A disk without even a container directory (``create`` makes that first, and
+        # ``destroy`` removes it last): not one being made right now.
+        disks = {p.name for p in self.storage.root.iterdir()}
+        orphan_disks = {
+            cid for cid in disks - known if not self.containers_dir.joinpath(cid).exists()
+        }
         for cid in sorted(orphans):
             with contextlib.suppress(Exception):
                 await self._remove_oci(cid)
             shutil.rmtree(self.socket_dir(cid), ignore_errors=True)
-        return sorted(orphans)
+        for cid in sorted(orphan_disks):
+            await asyncio.to_thread(self.storage.remove, cid)
+        return sorted(orphans | orphan_disks)
 
     async def memory_usage(self, container_id: str) -> int | None:
         """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""

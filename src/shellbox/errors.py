@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     conflict = "conflict"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
+    disk_quota_exceeded = "disk_quota_exceeded"
     upstream_error = "upstream_error"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
@@ -73,6 +74,12 @@ class InvalidRequest(ShellboxError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = ErrorCode.payload_too_large
+
+
+class DiskQuotaExceeded(PayloadTooLarge):
+    """A write from the host (an upload, a patch) does not fit in the container's disk."""
+
+    code = ErrorCode.disk_quota_exceeded
 
 
 class AuthenticationFailed(ShellboxError):

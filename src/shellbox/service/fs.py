@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shellbox.errors import FileNotFound, InvalidRequest
+from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest
 
 DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
@@ -117,9 +117,29 @@ def read_chunks(fd: int, chunk: int = 1 << 16) -> Iterator[bytes]:
 
 
 def write_file(
-    root: Path, rel: str, chunks: Iterator[bytes], *, uid: int, mode: int = 0o644
+    root: Path,
+    rel: str,
+    chunks: Iterator[bytes],
+    *,
+    uid: int,
+    mode: int = 0o644,
+    param: str = "file",
 ) -> int:
-    """Write (replacing) ``rel`` owned by ``uid``; returns the size. Atomic via rename."""
+    """Write (replacing) ``rel`` owned by ``uid``; returns the size. Atomic via rename.
+    Past the container's disk quota: ``DiskQuotaExceeded``, and nothing is left behind."""
+    try:
+        return _write_file(root, rel, chunks, uid=uid, mode=mode)
+    except OSError as exc:
+        if exc.errno not in (errno.EDQUOT, errno.ENOSPC):
+            raise
+        msg = (
+            f"{DATA_MOUNT}/{rel} does not fit: {os.strerror(exc.errno)} (the container's disk "
+            "quota, limits.disk_gb, is used up); delete files in the container, then try again"
+        )
+        raise DiskQuotaExceeded(msg, param=param) from None
+
+
+def _write_file(root: Path, rel: str, chunks: Iterator[bytes], *, uid: int, mode: int) -> int:
     name = rel.rsplit("/", 1)[-1]
     tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
     with _parent_fd(root, rel, create=True, uid=uid) as dfd:
@@ -138,17 +158,21 @@ def write_file(
         )
         size = 0
         try:
-            for data in chunks:
-                os.write(fd, data)
-                size += len(data)
-            os.fchown(fd, uid, uid)
-            os.fchmod(fd, mode)
+            try:
+                for data in chunks:
+                    view = memoryview(data)
+                    while view:  # a write is short when the disk fills; the next one fails
+                        view = view[os.write(fd, view) :]
+                    size += len(data)
+                os.fchown(fd, uid, uid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # EDQUOT too, when full
         except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dfd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
             raise
-        os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     return size
 
 

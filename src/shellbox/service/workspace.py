@@ -143,7 +143,7 @@ class WorkspaceService:
 
         def write() -> int:
             chunks = _capped(_pull(body), cap)
-            return fs.write_file(root, rel, chunks, uid=host_uid(SANDBOX_UID))
+            return fs.write_file(root, rel, chunks, uid=host_uid(SANDBOX_UID), param="path")
 
         return await anyio.to_thread.run_sync(write)
 

@@ -1,6 +1,6 @@
 """Sandbox runtime benchmark: container start, command round trip, concurrency, idle memory.
 
-    .venv/bin/python bench/bench_runtime.py [--quick] [--binary crun|runc]
+    .venv/bin/python bench/bench_runtime.py [--quick] [--binary crun|runc] [--storage none]
 
 Prints a table (medians, p90, the target beside each number, ratios against the baselines)
 and writes ``bench/results/runtime.json`` (``runtime-runc.json`` for runc). Needs root and
@@ -84,6 +84,17 @@ async def bench_create(rt: OciRuntime, n: int, gap_s: float) -> list[float]:
         await rt.destroy(cid)
         await asyncio.sleep(gap_s)
     return out
+
+
+async def bench_disk(rt: OciRuntime, n: int) -> tuple[list[float], list[float]]:
+    """``create`` alone (the disk with its quota, the container directory) and ``destroy``
+    of a container never started: what the storage adds to a container's life."""
+    created, destroyed = [], []
+    for i in range(n):
+        cid = f"bench-disk-{i}"
+        created.append(await timed(lambda cid=cid: rt.create(ContainerSpec(id=cid))))
+        destroyed.append(await timed(lambda cid=cid: rt.destroy(cid)))
+    return created, destroyed
 
 
 async def bench_agent_rt(rt: OciRuntime, cid: str, n: int, gap_s: float) -> list[float]:
@@ -218,6 +229,12 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--binary", choices=["crun", "runc"], default="crun")
+    parser.add_argument(
+        "--storage",
+        choices=["btrfs", "none"],
+        default="btrfs",
+        help="containers' disks: btrfs subvolumes with a quota, or plain directories",
+    )
     args = parser.parse_args()
     n_cold, n_rt, n_sparse, n_exec = (8, 100, 10, 20) if args.quick else (30, 400, 40, 60)
 
@@ -226,6 +243,7 @@ async def main() -> int:
     settings = Settings(
         state_dir=state,
         runtime={"image_dir": REPO / ".state" / "images", "type": args.binary},
+        storage={"backend": args.storage},
     )
     rt = create_runtime(settings)
     results: dict[str, Any] = {
@@ -235,6 +253,7 @@ async def main() -> int:
             "cpus": os.cpu_count(),
             "loadavg": os.getloadavg(),
             "binary": args.binary,
+            "storage": args.storage,
             "cgroups": rt.cgroups.mode.value,
         }
     }
@@ -242,6 +261,7 @@ async def main() -> int:
         # Warm-up: the first start compiles and caches the seccomp filter.
         await bench_create(rt, 2, 0.0)
         cold = await bench_create(rt, n_cold, 0.2)
+        disk_create, disk_destroy = await bench_disk(rt, n_rt // 4)
         cid = "bench-rt"
         await rt.create(ContainerSpec(id=cid))
         await rt.start(cid)
@@ -263,6 +283,8 @@ async def main() -> int:
     results.update(
         {
             "create_to_first_result_ms": summary(cold),
+            "create_only_ms": summary(disk_create),
+            "destroy_unstarted_ms": summary(disk_destroy),
             "agent_true_rt_ms": summary(agent_rt),
             "agent_true_rt_spaced_ms": summary(agent_sparse),
             "subprocess_true_ms": summary(sub),
@@ -275,17 +297,22 @@ async def main() -> int:
         }
     )
     out = RESULTS if args.binary == "crun" else RESULTS.with_name(f"runtime-{args.binary}.json")
+    if args.storage != "btrfs":
+        out = out.with_name(f"{out.stem}-storage-{args.storage}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
 
     rt_p50 = results["agent_true_rt_ms"]["p50"]
     print(
-        f"shellbox runtime benchmark ({args.binary}, cgroups {rt.cgroups.mode.value}, "
+        f"shellbox runtime benchmark ({args.binary}, storage {args.storage}, "
+        f"cgroups {rt.cgroups.mode.value}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})"
     )
     print(f"{'measure':44s} {'p50':>8s} {'p90':>8s}   target / note")
     rows = [
         ("cold create -> first echo result (ms)", cold, "p50 <= 25 ms"),
+        ("create() alone: disk, quota, directory (ms)", disk_create, ""),
+        ("destroy() of an unstarted container (ms)", disk_destroy, ""),
         ("true via agent, back to back (ms)", agent_rt, "p50 <= 2 ms"),
         ("true via agent, 200 ms apart (ms)", agent_sparse, ""),
         ("subprocess.run(['true']) on the host (ms)", sub, "baseline"),

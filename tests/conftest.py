@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
+from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns
 from shellbox.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +34,7 @@ def make_state_dir(prefix: str = "shellbox-test-") -> Path:
 def state_dir() -> Iterator[Path]:
     path = make_state_dir()
     yield path
+    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
     shutil.rmtree(path, ignore_errors=True)
     # and the runtime's volatile directory for it (OCI state, sockets): /run/shellbox/<key>
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
@@ -206,6 +207,7 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
     for server in started:
         server.stop()
         destroy_all_sandboxes(server.state_dir)
+        hostns.detach(str(server.state_dir / "disks"))  # mounted here by destroy_all_sandboxes
         shutil.rmtree(server.state_dir, ignore_errors=True)
 
 

@@ -167,3 +167,20 @@ async def test_containers_made_before_disks_run_on_without_a_quota(rt: OciRuntim
     finally:
         await rt.destroy(cid)
     assert not cdir.exists()
+
+
+async def test_metadata_counts_small_files_and_xattrs(rt: OciRuntime) -> None:
+    # Inline file data and extended attributes live in btrfs's metadata, not in data extents.
+    many = (
+        'python3 -c "import os\n'
+        "for i in range(20000):\n"
+        "    open(f'f{i}', 'w').write('x' * 2000)\n"
+        "    os.setxattr(f'f{i}', 'user.pad', b'y' * 2000)\""
+    )
+    cid = await started(rt, 8 * MiB)
+    try:
+        r = await run1(rt, cid, many, timeout_ms=60_000)
+        assert FULL in r.stderr, r
+        assert (rt.disk_usage(cid) or 0) <= 8 * MiB
+    finally:
+        await rt.destroy(cid)

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir, run1
 
+from shellbox.errors import SandboxError
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
 from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.storage import StorageConfig, open_storage
 from shellbox.settings import Settings
 
 MiB = 1 << 20
@@ -184,3 +186,15 @@ async def test_metadata_counts_small_files_and_xattrs(rt: OciRuntime) -> None:
         assert (rt.disk_usage(cid) or 0) <= 8 * MiB
     finally:
         await rt.destroy(cid)
+
+
+def test_a_state_directory_keeps_its_backend(rt: OciRuntime) -> None:
+    with pytest.raises(SandboxError, match='must stay "btrfs"'):
+        open_storage(rt.state_dir, StorageConfig(backend="none"))
+    plain = make_state_dir("shellbox-plain-")
+    try:
+        (open_storage(plain, StorageConfig(backend="none")).root / "cntr_x").mkdir()
+        with pytest.raises(SandboxError, match=r'storage\.backend = "none"'):
+            open_storage(plain, StorageConfig())
+    finally:
+        remove_state_dir(plain)

@@ -232,6 +232,12 @@ def open_storage(state_dir: Path, config: StorageConfig) -> Storage:
     root = state_dir / "disks"
     root.mkdir(exist_ok=True)
     if config.backend == "none":
+        if (state_dir / DEFAULT_IMAGE).exists():
+            msg = (
+                f"the containers of {state_dir} have their disks in {DEFAULT_IMAGE}: "
+                'storage.backend must stay "btrfs" for this state directory'
+            )
+            raise SandboxError(msg)
         return Storage(root, quotas=False)
     with open(state_dir / "disks.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one loop device per image: one mounter at a time

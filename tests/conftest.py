@@ -155,6 +155,16 @@ class ServerProcess:
             time.sleep(0.05)
         raise RuntimeError(f"server did not start: {self.log()}")
 
+    def view(self, path: Path) -> Path:
+        """``path`` as the server sees it: the containers' disks are mounted in its own mount
+        namespace only (``storage.py``)."""
+        assert self.proc is not None
+        return Path(f"/proc/{self.proc.pid}/root") / path.relative_to("/")
+
+    def data_dir(self, cid: str) -> Path:
+        """Where the server keeps a container's /mnt/data (a path in its mount namespace)."""
+        return self.state_dir / "disks" / cid / "data"
+
     def log(self) -> str:
         return self.log_path.read_text()[-5000:] if self.log_path else ""
 

@@ -157,14 +157,26 @@ class ContainerService:
         # Creations under way count against the caps too, or concurrent ones could pass them.
         pending = self._creating.setdefault(principal.project, [])
         pending.append(req.memory_limit)
-        try:
-            return await self._create(principal, req)
-        finally:
-            pending.remove(req.memory_limit)
-            if not pending:
-                del self._creating[principal.project]
+        settled = False
 
-    async def _create(self, principal: Principal, req: CreateContainer) -> ContainerRecord:
+        def settle() -> None:
+            """Stop counting this creation as pending: once its row is in the database (which
+            counts it from then on), or when it failed."""
+            nonlocal settled
+            if not settled:
+                settled = True
+                pending.remove(req.memory_limit)
+                if not pending:
+                    self._creating.pop(principal.project, None)
+
+        try:
+            return await self._create(principal, req, settle)
+        finally:
+            settle()
+
+    async def _create(
+        self, principal: Principal, req: CreateContainer, settle: Callable[[], None]
+    ) -> ContainerRecord:
         policy_type = (req.network_policy or {}).get("type", "disabled")
         if policy_type not in ("disabled", "allowlist"):
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
@@ -244,6 +256,7 @@ class ContainerService:
                         deleted=False,
                     )
                 )
+            settle()  # counted twice otherwise, while it starts: a 429 under the cap
             if req.file_ids and self.copy_files is not None:
                 await self.copy_files(principal, cid, req.file_ids)
             for start_hook in self.before_start_hooks:

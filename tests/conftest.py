@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns
+from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
 from shellbox.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -191,7 +191,9 @@ def destroy_all_sandboxes(state_dir: Path) -> None:
     from shellbox.sandbox.image import image_for
 
     async def go() -> None:
-        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path)
+        # The storage backend the servers had: from the environment, as theirs.
+        config = storage_config(Settings(state_dir=state_dir))
+        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path, storage_config=config)
         for info in await rt.list():
             await rt.destroy(info.id)
 

@@ -90,6 +90,7 @@ AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
+PF_EXITING = 0x4  # <linux/sched.h>: a task's flags while it exits
 
 
 OWNER_FILE = "owner"  # the state directory a /run/shellbox/<key> directory belongs to
@@ -549,6 +550,8 @@ class OciRuntime:
             return
         except AgentNotReachable:
             running = await self.state(container_id) == "running"
+            if running and await self._dying(container_id):
+                running = False  # start() removes what is left of it first
         # Nothing of this request reached the sandbox, so it can be sent again. (An agent
         # lost in the middle of a call raises instead: its commands may have partly run.)
         if not running:
@@ -563,6 +566,20 @@ class OciRuntime:
         log.warning("sandbox %s: its agent does not listen; running through exec", container_id)
         for index, result in enumerate(await self._exec_fallback(container_id, request)):
             yield CommandFinished(index, result)
+
+    async def _dying(self, container_id: str) -> bool:
+        """Whether the container's PID 1 is exiting. The OCI runtime reports a container
+        "running" until its PID 1 is a zombie, which takes as long as tearing down its
+        namespaces (its processes, its mounts: syncing the overlay's upper layer)."""
+        pid = await self.agent_pid(container_id)
+        if pid is None:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            flags = int(stat.rsplit(")", 1)[1].split()[6])  # field 9
+        except (OSError, ValueError, IndexError):
+            return True  # gone meanwhile
+        return bool(flags & PF_EXITING)
 
     def container_env(self, container_id: str) -> dict[str, str]:
         """The clean environment plus the spec's ``env`` (egress proxy variables and the like)."""

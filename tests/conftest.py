@@ -161,6 +161,12 @@ class ServerProcess:
         assert self.proc is not None
         return Path(f"/proc/{self.proc.pid}/root") / path.relative_to("/")
 
+    def mount_namespace(self) -> str:
+        """The server's mount namespace, for ``nsenter --mount=``: the one where the containers'
+        disks are mounted."""
+        assert self.proc is not None
+        return f"/proc/{self.proc.pid}/ns/mnt"
+
     def data_dir(self, cid: str) -> Path:
         """Where the server keeps a container's /mnt/data (a path in its mount namespace)."""
         return self.state_dir / "disks" / cid / "data"

@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from shellbox import __version__
+from shellbox import __version__, memory
 from shellbox.agent.protocol import MAX_REQUEST_BYTES
 from shellbox.api import errors
+from shellbox.api.body_budget import BodyBudget, BodyBudgetMiddleware
 from shellbox.api.middleware import RequestContextMiddleware
 from shellbox.api.routes import (
     containers,
@@ -53,6 +54,12 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    memory.return_large_blocks_to_os()
+    app.add_middleware(  # inside the request-context middleware: its answers get a request id
+        BodyBudgetMiddleware,
+        budget=BodyBudget(settings.limits.body_budget_bytes, settings.limits.body_budget_wait_s),
+        max_json_bytes=MAX_REQUEST_BYTES,
+    )
     app.add_middleware(
         RequestContextMiddleware,
         upload_max_bytes=settings.limits.upload_max_bytes,

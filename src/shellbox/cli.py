@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import sys
 from pathlib import Path
@@ -94,26 +93,16 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _keys_exist(settings: Settings) -> bool:
+def _key_state(settings: Settings) -> tuple[bool, bool]:
+    """(whether any key is active, whether the store ever held a key)."""
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())
     try:
-        return KeyService(db).any_active()
+        keys = KeyService(db)
+        return keys.any_active(), keys.ever_had_key()
     finally:
         db.dispose()
 
@@ -124,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shellbox.app import create_app
+    from shellbox.service.keys import is_loopback
     from shellbox.services import create_services
 
     server: dict[str, Any] = {}
@@ -158,13 +148,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Checked before anything is built: with no keys every bearer token is accepted, which is
     # only safe when nothing but this machine can connect.
-    if not is_loopback(settings.server.host) and not _keys_exist(settings):
+    active, ever = _key_state(settings)
+    if not is_loopback(settings.server.host) and not active:
         print(
             f"shellbox: refusing to listen on {settings.server.host} with no API keys: create "
             "one with `shellbox keys create --project NAME`, or bind 127.0.0.1",
             file=sys.stderr,
         )
         return 2
+    if ever and not active:
+        # Not open mode: that is only for a store that never held a key.
+        print(
+            "shellbox: every API key has been revoked, so every request will be refused "
+            "until one is created with `shellbox keys create --project NAME`",
+            file=sys.stderr,
+        )
     services = create_services(settings)  # builds the image first if it is missing
     app = create_app(settings, services)
     uvicorn.run(
@@ -212,9 +210,10 @@ def cmd_patch(args: argparse.Namespace) -> int:
     """Apply a ``*** Begin Patch`` envelope to a container's /mnt/data (all or nothing)."""
     from shellbox.errors import ContainerNotFound, InvalidRequest
     from shellbox.patch import PatchError, parse_patch
-    from shellbox.sandbox import storage_config
+    from shellbox.sandbox import storage_config, uid_ranges
     from shellbox.sandbox.crun import OciRuntime
     from shellbox.sandbox.image import image_for
+    from shellbox.sandbox.oci import SANDBOX_UID
     from shellbox.service.patching import apply_operations
 
     settings = _settings(args)
@@ -228,11 +227,13 @@ def cmd_patch(args: argparse.Namespace) -> int:
         settings.state_dir,
         image_for(settings.image_dir(), settings.runtime.image_profile).path,
         storage_config=storage_config(settings),
+        uid_ranges=uid_ranges(settings),
     )
     if not (runtime.container_dir(args.container) / "spec.json").exists():
         msg = f"no container {args.container!r} in {settings.state_dir}"
         raise ContainerNotFound(msg)
-    completed, output = apply_operations(runtime.data_dir(args.container), ops)
+    uid = runtime.host_uid(args.container, SANDBOX_UID)
+    completed, output = apply_operations(runtime.data_dir(args.container), uid, ops)
     print(output, file=sys.stdout if completed else sys.stderr)
     return 0 if completed else 1
 

@@ -6,13 +6,17 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
 
     ShellboxError
     ├── InvalidRequest (400)
-    │   └── PayloadTooLarge (413)
+    │   ├── PayloadTooLarge (413)
+    │   └── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
     ├── AuthenticationFailed (401)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
     ├── Conflict (409, never retried)
     │   └── ContainerNotRunning
     ├── QuotaExceeded (429)
+    │   └── CapacityExceeded: the host runs all the containers it may (retry later)
+    ├── ContainerBusy (429, retried): the container runs as many calls as it takes
+    ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -30,6 +34,7 @@ class ErrorCode(StrEnum):
     invalid_value = "invalid_value"
     missing_required_parameter = "missing_required_parameter"
     payload_too_large = "payload_too_large"
+    path_outside_workspace = "path_outside_workspace"
     invalid_api_key = "invalid_api_key"
     not_found = "not_found"
     container_not_found = "container_not_found"
@@ -40,6 +45,9 @@ class ErrorCode(StrEnum):
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
     disk_quota_exceeded = "disk_quota_exceeded"
+    capacity_exceeded = "capacity_exceeded"
+    container_busy = "container_busy"
+    server_busy = "server_busy"
     upstream_error = "upstream_error"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
@@ -80,6 +88,12 @@ class DiskQuotaExceeded(PayloadTooLarge):
     """A write from the host (an upload, a patch) does not fit in the container's disk."""
 
     code = ErrorCode.disk_quota_exceeded
+
+
+class PathOutsideWorkspace(InvalidRequest):
+    """A symbolic link on the path leads out of the container's /mnt/data."""
+
+    code = ErrorCode.path_outside_workspace
 
 
 class AuthenticationFailed(ShellboxError):
@@ -128,6 +142,32 @@ class QuotaExceeded(ShellboxError):
     type = "rate_limit_error"
     code = ErrorCode.quota_exceeded
     retryable = False
+
+
+class CapacityExceeded(QuotaExceeded):
+    """Every container this host may hold exists (``runtime.uid_range_count``): a limit of
+    the host, not of the caller's project, that frees up as containers end."""
+
+    code = ErrorCode.capacity_exceeded
+    retryable = True
+
+
+class ContainerBusy(ShellboxError):
+    """Transient: the container's agent runs as many calls at once as it takes."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.container_busy
+    retryable = True
+
+
+class ServerBusy(ShellboxError):
+    """Transient: request bodies in flight fill the server's memory budget for them."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = ErrorCode.server_busy
+    retryable = True
 
 
 class UpstreamError(ShellboxError):

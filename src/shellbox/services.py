@@ -15,7 +15,7 @@ from shellbox.sandbox import OciRuntime, create_runtime
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
-from shellbox.service.keys import KeyService
+from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
 from shellbox.store import Database, create_database
@@ -56,7 +56,7 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     db = create_database(settings.database_url())
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
-    keys = KeyService(db, cache_s=settings.server.auth_cache_s)
+    keys = KeyService(db, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, db, runtime)
     files = FileService(settings, db, containers)
     calls = CallService(containers, files, limits)

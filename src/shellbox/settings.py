@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path("/var/lib/shellbox")
+PRIVATE_DIR = "private"  # must match store/db.py
 
 
 class _Section(BaseModel):
@@ -32,6 +33,19 @@ class RuntimeSettings(_Section):
     tmp_size_mb: int = Field(512, ge=1, description="size of the /tmp tmpfs, in MiB")
     image_dir: Path | None = Field(
         None, description="where images are cached; default: <state_dir>/images"
+    )
+    uid_range_first: int = Field(
+        0x7000_0000,
+        ge=1 << 17,
+        description="first host uid of the pool of per-container uid ranges (65536 each, a "
+        "multiple of 65536); must not overlap host users or /etc/subuid ranges",
+    )
+    uid_range_count: int = Field(
+        4094, ge=1, description="container uid ranges in the pool: containers on the host at once"
+    )
+    uid_claims_dir: Path = Field(
+        Path("/var/lib/shellbox-uid-ranges"),
+        description="host-wide claims of uid ranges, shared by every shellbox server on the host",
     )
 
 
@@ -49,6 +63,19 @@ class LimitSettings(_Section):
         gt=0,
         description="disk quota per container, in GiB: its overlay's upper layer (/home/user and "
         "every other rootfs path) and /mnt/data together; past it writes fail with EDQUOT",
+    )
+    body_budget_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="request bodies (JSON over 1 MiB) the server holds at once, in bytes: a "
+        "call of 100 commands of 1 MiB is ~100 MiB; past the budget a request waits, unread, "
+        "for room (see body_budget_wait_s). Server memory grows by about twice this at most",
+    )
+    body_budget_wait_s: float = Field(
+        60,
+        ge=0,
+        description="how long a request waits for room in body_budget_bytes before it is "
+        "answered 429 server_busy",
     )
 
 
@@ -93,9 +120,6 @@ class StorageSettings(_Section):
 class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind")
-    auth_cache_s: float = Field(
-        1.0, ge=0, description="seconds a valid key is remembered (a revocation's delay)"
-    )
 
 
 class StoreSettings(_Section):
@@ -135,6 +159,11 @@ class EgressSettings(_Section):
     subnet: str = Field("10.200.0.0/16", description="IPv4 range carved into /30s for sandboxes")
     python: Path | None = Field(
         None, description="the proxy's Python (mitmproxy 11); default: .venv-egress/bin/python"
+    )
+    secrets_key_file: Path | None = Field(
+        None,
+        description="the key that encrypts domain_secrets in the database (created 0600 at the "
+        "first start; keep it out of database backups); default: <state_dir>/private/secrets.key",
     )
     intercept: Literal["all", "secrets"] = Field(
         "all",
@@ -197,10 +226,18 @@ class Settings(BaseSettings):
     def disk_limit_bytes(self) -> int:
         return int(self.limits.disk_gb * (1 << 30))
 
+    def private_dir(self) -> Path:
+        """Root only (0700): the database and the secrets key. The state directory itself
+        stays traversable (0711): the containers' root uid must reach its rootfs in it."""
+        return self.state_dir / PRIVATE_DIR
+
+    def secrets_key_file(self) -> Path:
+        return self.egress.secrets_key_file or self.private_dir() / "secrets.key"
+
     def database_url(self) -> str:
         if self.store.database_url is not None:
             return self.store.database_url.get_secret_value()
-        return f"sqlite:///{self.state_dir / 'shellbox.db'}"
+        return f"sqlite:///{self.private_dir() / 'shellbox.db'}"
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:

@@ -114,3 +114,85 @@ def test_special_files_and_ids_in_paths(client: Any, http: httpx.Client, cid: st
         assert r.status_code == 404, (bad, r.text)
     r = http.get("/v1/containers/..%2f..%2fetc/files")
     assert r.status_code == 404
+
+
+# Each is refused by the kernel: one component over 255 bytes (ENAMETOOLONG), after a new
+# directory and on its own, and a whole path over PATH_MAX whose components all fit.
+KERNEL_REFUSED = ["new/" + "a" * 256, "b" * 256, "new/" + "/".join(["d" * 200] * 21)]
+
+
+def test_names_the_kernel_refuses_are_400_everywhere_and_leave_nothing(
+    http: httpx.Client, server: Any, cid: str
+) -> None:
+    data = server.view(server.data_dir(cid))
+    before = sorted(p.name for p in data.iterdir())
+    base = f"/v1/containers/{cid}"
+    for name in KERNEL_REFUSED:
+        answers = {
+            "upload": (
+                http.post(f"{base}/files", files={"file": (name, b"x")}),
+                "file",
+            ),
+            "workspace write": (
+                http.put(f"{base}/workspace/file", params={"path": name}, content=b"x"),
+                "path",
+            ),
+            "workspace read": (http.get(f"{base}/workspace/file", params={"path": name}), "path"),
+            "archive import": (
+                http.put(f"{base}/workspace/archive", params={"path": name}, content=b""),
+                "path",
+            ),
+        }
+        for what, (r, param) in answers.items():
+            assert r.status_code == 400, (what, name[:20], r.status_code, r.text[:300])
+            err = r.json()["error"]
+            assert err["param"] == param, (what, err)
+        out = http.post(
+            f"{base}/calls",
+            json={
+                "type": "apply_patch_call",
+                "call_id": "p",
+                "operation": {"type": "create_file", "path": name, "diff": "+x\n"},
+            },
+        )
+        assert out.status_code == 200, out.text[:300]
+        assert out.json()["status"] == "failed" and "bytes" in out.json()["output"]
+    # Nothing was made on the way: no empty 'new' directory, no temporary file.
+    assert sorted(p.name for p in data.iterdir()) == before
+    # The Files API keeps a base name that must later fit in /mnt/data (file_ids): refused now.
+    r = http.post("/v1/files", files={"file": ("c" * 256, b"x")}, data={"purpose": "user_data"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text[:300]
+
+
+def test_workspace_follows_links_inside_and_refuses_links_out(
+    http: httpx.Client, server: Any, cid: str
+) -> None:
+    """The workspace endpoints (the SDK provider's) decide on the server: a symbolic link
+    that stays in /mnt/data is followed, one that leads out is refused with its own code."""
+    before = _digest(SHADOW)
+    shell(
+        http,
+        cid,
+        "echo v1 > real.txt && ln -s real.txt in.txt && ln -s /mnt/data/real.txt abs-in.txt"
+        " && ln -s /etc/shadow out.txt && ln -s ../../etc up && ln -s /etc etc"
+        " && ln -s /mnt/data/../../etc/shadow sneaky.txt",
+    )
+    base = f"/v1/containers/{cid}/workspace"
+    assert http.get(f"{base}/file", params={"path": "in.txt"}).content == b"v1\n"
+    r = http.put(f"{base}/file", params={"path": "abs-in.txt"}, content=b"v2\n")
+    assert r.status_code == 200 and r.json()["path"] == "/mnt/data/real.txt"
+    r = http.get(f"{base}/path", params={"path": "in.txt"})
+    assert r.json()["path"] == "/mnt/data/real.txt"
+    for path in ("out.txt", "up/shadow", "etc/shadow", "sneaky.txt", "etc/new-file"):
+        for r in (
+            http.get(f"{base}/file", params={"path": path}),
+            http.put(f"{base}/file", params={"path": path}, content=b"x"),
+            http.get(f"{base}/path", params={"path": path}),
+        ):
+            assert r.status_code == 400, (path, r.request.method, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "path_outside_workspace" and err["param"] == "path", err
+    out = shell(http, cid, "cat real.txt; for l in in out sneaky; do test -L $l.txt; done")
+    assert out["output"][0]["stdout"] == "v2\n"
+    assert _digest(SHADOW) == before
+    assert not Path("/etc/new-file").exists()

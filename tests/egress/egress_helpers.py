@@ -32,6 +32,28 @@ NAMES = [
 HOST_NAME = "hostsvc.example.test"  # resolves to an address of this host: must stay unreachable
 NOCERT_NAME = "nocert.example.test"  # resolves to the upstream, whose certificate lacks it
 
+# A client that sends CONNECT HOST, then TLS with the SNI it is given and ``GET /echo`` with
+# Host: HOST and the API_KEY placeholder; prints the answer's status line
+# (``python3 -c "$SNI_PROBE" HOST SNI`` in a container).
+SNI_PROBE = r"""
+import socket, ssl, sys
+host, sni = sys.argv[1], sys.argv[2]
+proxy = __import__("os").environ["HTTPS_PROXY"].split("//")[1]
+s = socket.create_connection((proxy.split(":")[0], int(proxy.split(":")[1])), timeout=10)
+s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+assert s.recv(4096).startswith(b"HTTP/1.1 200"), "CONNECT refused"
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+t = ctx.wrap_socket(s, server_hostname=sni)
+key = __import__("os").environ["API_KEY"]
+head = f"GET /echo HTTP/1.1\r\nHost: {host}\r\nX-Tok: {key}\r\nConnection: close\r\n"
+t.sendall(head.encode() + b"\r\n")
+data = b""
+while chunk := t.recv(65536):
+    data += chunk
+print(data.decode(errors="replace").split("\r\n", 1)[0])
+"""
+
 
 def sh(*argv: str, check: bool = True, input: str | None = None) -> str:
     out = subprocess.run(argv, capture_output=True, text=True, input=input)
@@ -54,6 +76,15 @@ class Upstream:
 
     def clear(self) -> None:
         self.log.write_text("")
+        self.sni_log.write_text("")
+
+    @property
+    def sni_log(self) -> Path:
+        return self.log.with_name(self.log.name + ".sni")
+
+    def handshakes(self) -> list[str]:
+        """The SNI of every TLS handshake since the last ``clear``."""
+        return self.sni_log.read_text().split() if self.sni_log.exists() else []
 
 
 def make_dir(prefix: str) -> Path:

@@ -361,7 +361,7 @@ def test_secret_injected_only_for_its_domain(
             box,
             f'{CURL} -H "Authorization: Bearer $API_KEY" https://api.example.test/echo',
             f'{CURL} -H "Authorization: Bearer $API_KEY" https://other.example.test/echo',
-            f'{CURL} -u "user:$API_KEY" http://api.example.test/echo?via=basic',
+            f'{CURL} -u "user:$API_KEY" https://api.example.test/echo?via=basic',
             # a large (streamed) answer that repeats the header: scrubbed across chunks too
             f'{CURL} -H "X-Key: $API_KEY" "https://api.example.test/echo-big?n=3000000" '
             f"| grep -o '{placeholder}' | wc -l",

@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 import pytest
-from egress_helpers import EgressServer, Upstream, cleanup, create, run, start_server
+from egress_helpers import SNI_PROBE, EgressServer, Upstream, cleanup, create, run, start_server
 
 from shellbox.settings import load_settings
 
@@ -124,12 +124,14 @@ def test_intercept_secrets_tunnels_the_other_hosts(
     upstream.clear()
     with bounded.http as http:
         cid = create(http, policy)
-        api, other, refused = run(
+        api, other, refused, fronted = run(
             http,
             cid,
             f"{curl} https://api.example.test/echo?m=api",
             f"{curl} https://other.example.test/echo?m=other",
             f"{curl} https://blocked.example.test/echo",
+            # a tunnel would carry this SNI to the upstream: it is intercepted and refused
+            f"API_KEY=x python3 -c '{SNI_PROBE}' other.example.test blocked.example.test",
         )
         time.sleep(0.3)
         events = http.get(f"/v1/containers/{cid}/egress", params={"order": "asc"}).json()["data"]
@@ -139,11 +141,14 @@ def test_intercept_secrets_tunnels_the_other_hosts(
     assert seen["/echo?m=other"].startswith("Bearer shellbox-secret-")  # tunnelled as sent
     assert "tunnel-s3cret" not in api["stdout"] + other["stdout"]
     assert "CONNECT tunnel failed, response 403" in refused["stderr"]
+    assert fronted["stdout"].strip() == "HTTP/1.1 421 Misdirected Request", fronted
+    assert "blocked.example.test" not in upstream.handshakes()
     summary = [(e["method"], e["host"], e["path"], e["decision"]) for e in events]
     assert summary == [
         ("GET", "api.example.test", "/echo", "allowed"),
         ("CONNECT", "other.example.test", "", "allowed"),
         ("CONNECT", "blocked.example.test", "", "refused"),
+        ("GET", "other.example.test", "/echo", "refused"),
     ], summary
     assert "tunnelled" in events[1]["reason"]
 

@@ -18,7 +18,8 @@ from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir, run1
 from shellbox.errors import SandboxError
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.idmap import IMAGE_UID_BASE
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.sandbox.storage import StorageConfig, open_storage
 from shellbox.settings import Settings
 
@@ -149,16 +150,17 @@ async def test_destroy_removes_the_disk_and_its_qgroup(rt: OciRuntime) -> None:
 
 
 async def test_containers_made_before_disks_run_on_without_a_quota(rt: OciRuntime) -> None:
-    # What create() laid out before: upper/, work/ and data/ in the container directory.
+    # What create() laid out before: upper/, work/ and data/ in the container directory, owned
+    # by the image's uid range (there were no ranges per container either).
     cid = new_id("cntr_")
     cdir = rt.container_dir(cid)
     for sub in ("upper", "work", "rootfs", "data"):
         (cdir / sub).mkdir(parents=True)
     cdir.chmod(0o711)
-    os.chown(cdir / "upper", host_uid(0), host_uid(0))
+    os.chown(cdir / "upper", IMAGE_UID_BASE, IMAGE_UID_BASE)
     (cdir / "data" / "old.txt").write_text("kept\n")
     for path in (cdir / "data", cdir / "data" / "old.txt"):
-        os.chown(path, host_uid(SANDBOX_UID), host_uid(SANDBOX_UID))
+        os.chown(path, IMAGE_UID_BASE + SANDBOX_UID, IMAGE_UID_BASE + SANDBOX_UID)
     (cdir / "spec.json").write_text(json.dumps({"id": cid}))
     try:
         assert await rt.recover() == {cid: "restarted"}

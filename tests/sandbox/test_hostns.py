@@ -83,3 +83,34 @@ def test_a_process_with_threads_falls_back_to_a_namespace_per_call(
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1000", "ok", "clean"]
+
+
+ROOM = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from shellbox.sandbox import create_runtime
+    from shellbox.settings import Settings
+
+    rt = create_runtime(Settings(state_dir=Path(sys.argv[1]), runtime={"image_dir": sys.argv[2]}))
+    st = os.statvfs("/sys/fs/cgroup/unified")
+    print(rt.cgroups.mode.value, rt.uid_ranges.count, st.f_blocks * st.f_frsize, st.f_files)
+    """
+)
+
+
+def test_the_cgroup2_stand_in_has_room_for_every_container_the_host_may_hold(
+    host_state_dir: Path,
+) -> None:
+    """On hybrid hosts crun writes a page per running container into the tmpfs that stands in
+    for /sys/fs/cgroup/unified: it must hold as many as the host may (runtime.uid_range_count),
+    not a fixed 64 (``size=256k``), past which creates failed with ENOSPC."""
+    out = subprocess.run(
+        [sys.executable, "-c", ROOM, str(host_state_dir), str(IMAGE_DIR)],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    mode, count, size, inodes = out.stdout.split()
+    if mode != "hybrid":  # no stand-in: crun writes to the real cgroup2 or v1 hierarchies
+        return
+    assert int(size) >= int(count) * 4096 and int(inodes) >= int(count) * 2, out.stdout

@@ -182,5 +182,9 @@ async def test_the_exec_fallback_when_the_agent_socket_is_gone(
     assert len(host_pids(kept)) == 1  # what ran before the call is left alone
     results = await runtime.run(container, ExecRequest(["id -u; pwd", "exit 4"], 10_000, 100))
     assert [(r.stdout, r.outcome.exit_code) for r in results] == [("1000\n/mnt/data\n", 0), ("", 4)]
+    # A command of 1 MiB travels on stdin, not as argv; the command's own stdin is /dev/null.
+    big = "cat; echo big; exit\n#" + "x" * ((1 << 20) - 21)
+    [r] = await runtime.run(container, ExecRequest([big], 10_000, 100))
+    assert (r.stdout, r.stderr, r.outcome.exit_code) == ("big\n", "", 0)
     await runtime.start(container)  # the agent does not answer: the container is restarted
     assert (await run1(runtime, container, "echo agent")).stdout == "agent\n"

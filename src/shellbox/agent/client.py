@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -10,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from shellbox.agent import protocol
-from shellbox.errors import AgentNotReachable, AgentUnavailable, InvalidRequest, SandboxError
+from shellbox.errors import (
+    AgentNotReachable,
+    AgentUnavailable,
+    ContainerBusy,
+    InvalidRequest,
+    SandboxError,
+)
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -28,6 +35,7 @@ READ_SIZE = 256 * 1024
 AGENT_CODE_TO_ERROR: dict[str, type[Exception]] = {
     "invalid_request": InvalidRequest,
     "request_too_large": InvalidRequest,
+    "busy": ContainerBusy,
 }
 
 
@@ -109,6 +117,26 @@ def _decode(msg: dict[str, Any]) -> ExecEvent | None:
     return None
 
 
+def _command_bytes(command: str) -> int:
+    """The size of a command on the wire, without encoding an ASCII one to find out."""
+    return len(command) if command.isascii() else len(command.encode("utf-8", "surrogatepass"))
+
+
+async def _send_request(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, commands: list[str]
+) -> None:
+    """Write the header, then each command's bytes. The agent reads a command only when it is
+    about to start it, so this waits on the socket meanwhile and holds one command's bytes at
+    a time, never the whole call. A failed write ends the sending quietly: what the agent
+    said (an error line) or its closing is read by the receiving side."""
+    try:
+        await loop.sock_sendall(sock, header)
+        for command in commands:
+            await loop.sock_sendall(sock, command.encode("utf-8", "surrogatepass"))
+    except OSError:
+        return
+
+
 async def exec_stream(
     socket_path: Path, request: ExecRequest, *, base_env: dict[str, str]
 ) -> AsyncIterator[ExecEvent]:
@@ -117,9 +145,9 @@ async def exec_stream(
     env = dict(base_env)
     if request.env:
         env.update(request.env)
-    payload = {
+    header = {
         "op": "exec",
-        "commands": request.commands,
+        "command_bytes": [_command_bytes(c) for c in request.commands],
         "timeout_ms": request.timeout_ms,
         "max_output_length": request.max_output_length,
         "env": env,
@@ -128,12 +156,11 @@ async def exec_stream(
     }
     loop = asyncio.get_running_loop()
     sock = await _connect_raw(socket_path)
+    sender: asyncio.Task[None] | None = None
     try:
-        try:
-            await loop.sock_sendall(sock, json.dumps(payload).encode() + b"\n")
-        except OSError as exc:
-            msg = f"the sandbox agent at {socket_path} failed: {exc}"
-            raise AgentUnavailable(msg) from None
+        sender = loop.create_task(
+            _send_request(loop, sock, json.dumps(header).encode() + b"\n", request.commands)
+        )
         buf = bytearray()
         while True:
             nl = buf.find(b"\n")
@@ -163,4 +190,8 @@ async def exec_stream(
             if event is not None:
                 yield event
     finally:
+        if sender is not None and not sender.done():
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
         sock.close()

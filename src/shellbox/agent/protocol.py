@@ -5,17 +5,25 @@ container (as the top-level module ``protocol``, on the agent's start-up path, w
 millisecond of import counts) and by ``client.py`` on the host (as
 ``shellbox.agent.protocol``).
 
-One request per connection, newline-delimited JSON both ways::
+One request per connection. The host sends one JSON header line; an ``exec`` header is
+followed by the commands themselves, as raw UTF-8 bytes back to back, ``command_bytes[i]``
+bytes for command ``i``. The agent answers in newline-delimited JSON::
 
-    -> {"op": "exec", "commands": [...], "timeout_ms": 120000, "max_output_length": 16384,
-        "env": {...}, "cwd": "/mnt/data", "stream": true}
+    -> {"op": "exec", "command_bytes": [12, 1048576], "timeout_ms": 120000,
+        "max_output_length": 16384, "env": {...}, "cwd": "/mnt/data", "stream": true}
+       <12 bytes of command 0><1048576 bytes of command 1>
     <- {"type": "started", "command_index": 0}                    (when streaming)
     <- {"type": "delta", "command_index": 0, "stream": "stdout", "text": "..."}  (idem)
     <- {"type": "result", "command_index": 0, "stdout": "...", "stderr": "...",
         "outcome": {"type": "exit", "exit_code": 0}}
     <- {"type": "done"}
-    -> {"op": "ping"}            <- {"type": "pong", "version": 1, "pid": 1}
+    -> {"op": "ping"}            <- {"type": "pong", "version": 2, "pid": 1}
     <- {"type": "error", "code": "invalid_request", "message": "..."}  (any request)
+    <- {"type": "error", "code": "busy", "message": "..."}  (MAX_CONCURRENT_CALLS run already)
+
+Commands travel outside the JSON so that nobody builds (or parses) a 100 MiB line: the agent
+reads command ``i`` off the socket only when it is about to start it, so it holds at most one
+command of a call at a time and the socket's buffers hold the host back meanwhile.
 
 Closing the connection before ``done`` abandons the request: the agent kills the running
 command (every process it started) and runs none of the remaining ones.
@@ -34,14 +42,22 @@ else:
     except ImportError:  # pragma: no cover - not CPython
         from collections import deque
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 SOCKET_DIR = "/run/shellbox"  # must match the bind mount written by sandbox/oci.py
 SOCKET_NAME = "agent.sock"
 LISTEN_FD_ENV = "SHELLBOX_LISTEN_FD"  # the host passes the bound, listening socket as this fd
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 WORKDIR = "/mnt/data"
-MAX_REQUEST_BYTES = 110 * 1024 * 1024  # 100 commands of 1 MiB, JSON-escaped
+MAX_REQUEST_BYTES = 110 * 1024 * 1024  # an HTTP call body: 100 commands of 1 MiB, JSON-escaped
+MAX_HEADER_BYTES = 4 * 1024 * 1024  # an exec header: limits, cwd and the environment
+# Calls one agent runs at once; one more is refused with "busy" (a 429 from the server). Each
+# call costs the agent at most about 4 MiB (its current command, both captures at the largest
+# cap, results queued for the host), so this many fit in the memory the agent keeps for itself
+# (AGENT_MEMORY_RESERVE in server.py) beside its own ~10 MiB.
+MAX_CONCURRENT_CALLS = 8
+# The agent starts no further command of a call while this much output waits for the host.
+OUTBUF_PAUSE_BYTES = 1024 * 1024
 MAX_COMMAND_BYTES = 1024 * 1024
 MAX_COMMANDS = 100
 DEFAULT_TIMEOUT_MS = 120_000

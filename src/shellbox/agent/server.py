@@ -190,6 +190,7 @@ class Cgroups:
         self.available = True
         self.memory_limit = 0
         self.pids_limit = 0
+        self.cmds_pids_limit = 0  # what all commands together may hold; 0: no limit
         self._counter = 0
         try:
             self._setup()
@@ -224,7 +225,8 @@ class Cgroups:
         raw = read_file(pids).strip()
         if raw != "max":
             self.pids_limit = int(raw)
-            write_file(cmds_pids, str(max(self.pids_limit - AGENT_PIDS_RESERVE, 8)))
+            self.cmds_pids_limit = max(self.pids_limit - AGENT_PIDS_RESERVE, 8)
+            write_file(cmds_pids, str(self.cmds_pids_limit))
 
     def new_group(self) -> str:
         """Create the cgroup for one command; returns its name."""
@@ -258,6 +260,23 @@ class Cgroups:
         if self.v2:
             return [CGROUP_ROOT + "/agent/cgroup.procs"]
         return [f"{CGROUP_ROOT}/{ctl}/cgroup.procs" for ctl in ("freezer", "pids", "memory")]
+
+    def pids_used(self) -> int:
+        """Processes (tasks) all commands, running or finished, hold now."""
+        if not self.available:
+            return 0
+        path = "/cmds/pids.current" if self.v2 else "/pids/cmds/pids.current"
+        try:
+            return int(read_file(CGROUP_ROOT + path))
+        except (OSError, ValueError):
+            return 0
+
+    def count(self, name: str) -> int:
+        """Processes in one command's cgroup."""
+        try:
+            return len(read_file(self._group_dir(name) + "/cgroup.procs").split())
+        except OSError:
+            return 0
 
     def oom_kills(self) -> int:
         if not self.available:
@@ -455,6 +474,7 @@ class Command:
         self.exited_at = 0.0
         self.finished = False
         self.oom_before = agent.cgroups.oom_kills()
+        self.notes: list[str] = []  # lines for the end of stderr (leftovers killed)
         self.deadline = time.monotonic() + job.timeout_s
         cap = job.max_output_length
         self.streams = [Stream(out, "stdout", cap), Stream(err, "stderr", cap)]
@@ -544,24 +564,28 @@ class Command:
         self.finished = True
         stdout = self.streams[0].capture.result()
         stderr = self.streams[1].capture.result()
+        agent = self.agent
+        agent.commands.pop(self.pid, None)
+        agent.retire_group(self.group)
+        notes = self.notes + agent.limit_leftovers(self.group)
         outcome: dict[str, Any]
         if self.timed_out:
             outcome = {"type": "timeout"}
         else:
             code = posix.waitstatus_to_exitcode(self.status or 0)
             outcome = {"type": "exit", "exit_code": 128 - code if code < 0 else code}
-            cg = self.agent.cgroups
+            cg = agent.cgroups
             if cg.oom_kills() > self.oom_before:
                 limit = f"{cg.memory_limit >> 20} MiB" if cg.memory_limit else "limit"
-                note = P.OOM_NOTE.format(limit=limit)
-                cap = self.job.max_output_length
-                # The note is the last line, whatever the cap leaves of the rest.
-                room = max(cap - len(note) - 1, 0)
-                head = P.truncate_text(stderr, room) if room else ""
-                sep = "\n" if head and not head.endswith("\n") else ""
-                stderr = (head + sep + note)[-cap:] if cap else ""
-        self.agent.retire_group(self.group)
-        self.agent.commands.pop(self.pid, None)
+                notes.append(P.OOM_NOTE.format(limit=limit))
+        if notes:
+            note = "\n".join(n.rstrip("\n") for n in notes)
+            cap = self.job.max_output_length
+            # The notes are the last lines, whatever the cap leaves of the rest.
+            room = max(cap - len(note) - 1, 0)
+            head = P.truncate_text(stderr, room) if room else ""
+            sep = "\n" if head and not head.endswith("\n") else ""
+            stderr = (head + sep + note)[-cap:] if cap else ""
         self.job.command_finished(
             {
                 "type": "result",
@@ -574,12 +598,13 @@ class Command:
 
 
 class Job:
-    """One exec request: its commands run one after the other on one connection."""
+    """One exec request: its commands run one after the other on one connection. Command
+    ``i`` is read off the connection only when it is about to start (see ``protocol``)."""
 
     def __init__(self, agent: Agent, conn: Connection, req: dict[str, Any]) -> None:
         self.agent = agent
         self.conn = conn
-        self.commands: list[str] = req["commands"]
+        self.sizes: list[int] = req["command_bytes"]
         timeout_ms = req.get("timeout_ms")
         if not isinstance(timeout_ms, int) or timeout_ms <= 0:
             timeout_ms = P.DEFAULT_TIMEOUT_MS
@@ -596,33 +621,51 @@ class Job:
         self.env = {str(k): str(v) for k, v in env.items()}
         self.current: Command | None = None
         self.next_index = 0
+        self.waiting = False  # for the next command's bytes, or for the host to read output
+        self.over = False
 
     def send(self, msg: dict[str, Any]) -> None:
         self.conn.send(msg)
 
+    def end(self) -> None:
+        """No more commands of this call will start (done, or abandoned)."""
+        if not self.over:
+            self.over = True
+            self.agent.jobs.discard(self)
+
     def start_next(self) -> None:
-        if self.next_index >= len(self.commands) or self.conn.closed:
+        self.waiting = False
+        conn = self.conn
+        if self.next_index >= len(self.sizes) or conn.closed:
             self.current = None
-            self.conn.job = None
+            self.end()
+            conn.job = None
             self.send({"type": "done"})
-            self.conn.close_when_flushed()
+            conn.close_when_flushed()
+            return
+        if len(conn.outbuf) > P.OUTBUF_PAUSE_BYTES:  # the host reads slowly: wait for it
+            self.waiting = True
+            return
+        raw = conn.take(self.sizes[self.next_index])
+        if raw is None:  # not all here yet: on_readable calls again once it is
+            self.waiting = True
             return
         index = self.next_index
         self.next_index += 1
-        command = self.commands[index]
         if self.stream:
             self.send({"type": "started", "command_index": index})
-        try:
-            raw = command.encode()
-            long = len(raw) > P.ARGV_COMMAND_LIMIT or "\0" in command
-        except UnicodeEncodeError:  # lone surrogates: bash gets the bytes through a file
-            raw, long = command.encode("utf-8", "surrogatepass"), True
-        if long:
+        # Bytes all the way to bash: a long command (or one with a NUL, which argv cannot
+        # carry) goes through a memfd, the others as ``-c``; never decoded here.
+        argv: list[str | bytes]
+        script: bytes | None
+        if len(raw) > P.ARGV_COMMAND_LIMIT or b"\0" in raw:
             argv, script = [self.agent.shell, "/dev/fd/3"], raw
         else:
-            argv, script = [self.agent.shell, "-c", command], None
+            argv, script = [self.agent.shell, "-c", raw], None
+        del raw
         spec = (argv, self.env, self.cwd, self.uid, self.gid, script)
         agent = self.agent
+        notes = agent.limit_leftovers()
         spare: Spare | None = None
         try:
             if agent.use_spare():
@@ -632,13 +675,14 @@ class Job:
             else:
                 pid, group, out, err = agent.spawn(spec)
             cmd = Command(agent, self, index, pid, group, out, err)
+            cmd.notes.extend(notes)
         except OSError as exc:
             self.command_finished(
                 {
                     "type": "result",
                     "command_index": index,
                     "stdout": "",
-                    "stderr": f"shellbox: could not start the command: {exc}\n",
+                    "stderr": "".join(notes) + f"shellbox: could not start the command: {exc}\n",
                     "outcome": {"type": "exit", "exit_code": 126},
                 }
             )
@@ -659,7 +703,8 @@ class Job:
 
     def abandon(self) -> None:
         """The client went away: kill what runs now and run nothing more."""
-        self.next_index = len(self.commands)
+        self.next_index = len(self.sizes)
+        self.end()
         cmd = self.current
         if cmd is not None and cmd.status is None and not cmd.timed_out:
             cmd.timed_out = True
@@ -667,6 +712,10 @@ class Job:
 
 
 class Connection:
+    """One host connection. Its epoll interest follows what it waits for: the header, the
+    bytes of the command about to start, room to write; while a command runs it reads
+    nothing (the host's further commands wait in the socket) and only a hang-up wakes it."""
+
     def __init__(self, agent: Agent, fd: int) -> None:
         self.agent = agent
         self.fd = fd
@@ -675,17 +724,40 @@ class Connection:
         self.job: Job | None = None
         self.closed = False
         self.closing = False
-        self.writing = False
+        self.mask = select.EPOLLIN | select.EPOLLRDHUP
+
+    def set_interest(self) -> None:
+        job = self.job
+        reading = not self.closing and (job is None or (job.waiting and self.missing() > 0))
+        mask = select.EPOLLRDHUP
+        if reading:
+            mask |= select.EPOLLIN
+        if self.outbuf:
+            mask |= select.EPOLLOUT
+        if mask != self.mask and not self.closed:
+            self.mask = mask
+            self.agent.ep.modify(self.fd, mask)
 
     def on_event(self, events: int) -> None:
         if events & select.EPOLLOUT:
             self.flush()
-        if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and not self.closed:
+        if self.closed:
+            return
+        if events & select.EPOLLIN and self.mask & select.EPOLLIN:
             self.on_readable()
+        elif events & (select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR):
+            self.close()  # the host never half-closes: it went away
 
     def on_readable(self) -> None:
+        job = self.job
+        size = 65536
+        if job is not None:  # read no further than the command about to start
+            size = self.missing() if job.waiting else 0
+            if size <= 0:
+                self.set_interest()
+                return
         try:
-            data = posix.read(self.fd, 1 << 20)
+            data = posix.read(self.fd, min(size, 1 << 20))
         except BlockingIOError:
             return
         except OSError:
@@ -693,17 +765,20 @@ class Connection:
         if not data:
             self.close()
             return
-        if self.job is not None or self.closing:
+        if self.closing:
             return  # one request per connection; ignore anything after it
         self.inbuf += data
-        if len(self.inbuf) > P.MAX_REQUEST_BYTES:
-            self.fail("request_too_large", "the request is larger than the agent accepts")
+        if job is not None:
+            job.start_next()
+            self.set_interest()
             return
         nl = self.inbuf.find(b"\n")
         if nl < 0:
+            if len(self.inbuf) > P.MAX_HEADER_BYTES:
+                self.fail("request_too_large", "the request is larger than the agent accepts")
             return
         line = bytes(self.inbuf[:nl])
-        self.inbuf.clear()
+        del self.inbuf[: nl + 1]
         try:
             req = json_loads(line)
             if not isinstance(req, dict):
@@ -712,6 +787,23 @@ class Connection:
             self.handle(req)
         except Exception as exc:  # PID 1 must survive any malformed request
             self.fail("invalid_request", f"{type(exc).__name__}: {exc}")
+        self.set_interest()
+
+    def missing(self) -> int:
+        """Bytes of the next command of the job that have not arrived yet."""
+        job = self.job
+        if job is None or job.next_index >= len(job.sizes):
+            return 0
+        return job.sizes[job.next_index] - len(self.inbuf)
+
+    def take(self, n: int) -> bytes | None:
+        """The next ``n`` bytes of the request, once they have all arrived."""
+        if len(self.inbuf) < n:
+            return None
+        with memoryview(self.inbuf) as view:
+            raw = bytes(view[:n])
+        del self.inbuf[:n]
+        return raw
 
     def handle(self, req: dict[str, Any]) -> None:
         op = req.get("op")
@@ -722,21 +814,29 @@ class Connection:
         if op != "exec":
             self.fail("invalid_request", f"unknown op {op!r}")
             return
-        commands = req.get("commands")
-        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
-            self.fail("invalid_request", "commands must be a list of strings")
+        sizes = req.get("command_bytes")
+        if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+            self.fail("invalid_request", "command_bytes must be a list of sizes in bytes")
             return
-        if not 1 <= len(commands) <= P.MAX_COMMANDS:
-            self.fail(
-                "invalid_request",
-                f"{len(commands)} commands in one call; give 1 to {P.MAX_COMMANDS}",
-            )
-            return
-        for i, c in enumerate(commands):
-            if len(c.encode("utf-8", "surrogatepass")) > P.MAX_COMMAND_BYTES:
+        for i, n in enumerate(sizes):
+            if n > P.MAX_COMMAND_BYTES:
                 self.fail("invalid_request", f"command {i} is longer than 1 MiB")
                 return
+        if not 1 <= len(sizes) <= P.MAX_COMMANDS:
+            self.fail(
+                "invalid_request",
+                f"{len(sizes)} commands in one call; give 1 to {P.MAX_COMMANDS}",
+            )
+            return
+        if len(self.agent.jobs) >= P.MAX_CONCURRENT_CALLS:
+            self.fail(
+                "busy",
+                f"this container already runs {len(self.agent.jobs)} calls at once, the most "
+                "it takes; send this call again once one of them has finished",
+            )
+            return
         self.job = Job(self.agent, self, req)
+        self.agent.jobs.add(self.job)
         self.job.start_next()
 
     def fail(self, code: str, message: str) -> None:
@@ -762,12 +862,13 @@ class Connection:
             del self.outbuf[:n]
         if self.closed:
             return
-        want_write = bool(self.outbuf)
-        if want_write != self.writing:
-            self.writing = want_write
-            self.agent.ep.modify(self.fd, select.EPOLLIN | (select.EPOLLOUT if want_write else 0))
         if not self.outbuf and self.closing:
             self.close()
+            return
+        job = self.job
+        if job is not None and job.waiting and len(self.outbuf) <= P.OUTBUF_PAUSE_BYTES:
+            job.start_next()  # it waited for the host to read (or for bytes: a no-op then)
+        self.set_interest()
 
     def close_when_flushed(self) -> None:
         self.closing = True
@@ -779,6 +880,7 @@ class Connection:
         self.closed = True
         self.agent.unwatch(self.fd)
         posix.close(self.fd)
+        self.inbuf = bytearray()
         if self.job is not None:
             self.job.abandon()
 
@@ -797,6 +899,7 @@ class Agent:
         self.spare: Spare | None = None
         self.spares: dict[int, Spare] = {}  # pid -> spare not yet handed a command
         self.dirty: set[Connection] = set()  # connections with output queued
+        self.jobs: set[Job] = set()  # calls under way (at most P.MAX_CONCURRENT_CALLS)
         self.last_move = time.monotonic()  # of a cgroup move: crun's, at our start
         posix.setgroups([])  # commands inherit them through posix_spawn
         self.retired: list[str] = []  # cgroups of finished commands whose background jobs live
@@ -811,9 +914,9 @@ class Agent:
         self.watch(listener.fileno(), self.on_accept)
         self.watch(rfd, self.on_wake)
 
-    def watch(self, fd: int, handler: Any) -> None:
+    def watch(self, fd: int, handler: Any, mask: int = select.EPOLLIN) -> None:
         self.handlers[fd] = handler
-        self.ep.register(fd, select.EPOLLIN)
+        self.ep.register(fd, mask)
 
     def unwatch(self, fd: int) -> None:
         if self.handlers.pop(fd, None) is not None:
@@ -866,16 +969,16 @@ class Agent:
         me = str(posix.getpid())
         moved = False
         try:
-            if script is not None:
+            moved = True
+            for path in cg.task_files(group):
+                write_file(path, me)
+            if script is not None:  # written from the commands' cgroups: charged to them
                 mfd = posix.memfd_create("shellbox-command", posix.MFD_CLOEXEC)
                 view = memoryview(script)
                 while view:
                     view = view[posix.write(mfd, view) :]
                 posix.lseek(mfd, 0, 0)
                 actions.append((posix.POSIX_SPAWN_DUP2, mfd, 3))
-            moved = True
-            for path in cg.task_files(group):
-                write_file(path, me)
             posix.setresgid(gid, 0, 0)
             posix.setresuid(uid, 0, 0)
             try:
@@ -931,6 +1034,40 @@ class Agent:
         self.spare = spare
         self.spares[spare.pid] = spare
 
+    def limit_leftovers(self, finished: str = "") -> list[str]:
+        """Enforce the rule for what finished commands leave running (README, contract):
+        together their processes may hold at most half of the commands' process limit. Past
+        that, the groups of leftovers holding the most are killed, largest first, until they
+        hold no more than half: a fork bomb that returned dies, a service of a few processes
+        stays, and the next command can start. Checked when a command finishes (``finished``
+        names it), before one starts, and every few seconds. Returns a line per group killed.
+        """
+        cg = self.cgroups
+        bound = cg.cmds_pids_limit // 2
+        if not self.retired or not bound or cg.pids_used() <= bound:
+            return []
+        counts = sorted(((cg.count(g), g) for g in self.retired), reverse=True)
+        left = sum(n for n, _ in counts)
+        notes: list[str] = []
+        for n, group in counts:
+            if left <= bound:
+                break
+            try:
+                cg.kill(group, 0)
+            except OSError as exc:
+                log(f"could not kill the leftovers in {group}: {exc}")
+                continue
+            left -= n
+            whose = "this command" if group == finished else "an earlier command"
+            notes.append(
+                f"shellbox: killed the {n} processes {whose} left running: processes left "
+                f"by finished commands may hold at most half of the container's process "
+                f"limit ({bound} of {cg.cmds_pids_limit}).\n"
+            )
+            log(notes[-1].rstrip())
+        self.retired = [g for g in self.retired if not cg.remove(g)]
+        return notes
+
     def retire_group(self, name: str) -> None:
         if not self.cgroups.remove(name):
             self.retired.append(name)
@@ -946,7 +1083,7 @@ class Agent:
                 return
             posix.set_blocking(fd, False)
             conn = Connection(self, fd)
-            self.watch(fd, conn.on_event)
+            self.watch(fd, conn.on_event, conn.mask)
 
     def on_wake(self, _events: int) -> None:
         try:
@@ -1009,6 +1146,7 @@ class Agent:
             if now - last_sweep > 5 and self.retired:
                 last_sweep = now
                 self.retired = [g for g in self.retired if not self.cgroups.remove(g)]
+                self.limit_leftovers()
 
 
 def listening_socket() -> _socket.socket:

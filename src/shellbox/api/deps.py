@@ -30,10 +30,18 @@ bearer_auth = HTTPBearer(auto_error=False, scheme_name="bearer_auth")
 
 
 async def get_principal(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_auth)],
 ) -> Principal:
-    return services.keys.authenticate(credentials.credentials if credentials else None)
+    return services.keys.authenticate(
+        credentials.credentials if credentials else None, peer_host(request)
+    )
+
+
+def peer_host(request: Request) -> str | None:
+    """The address the request came from (None when the server cannot tell)."""
+    return request.client.host if request.client else None
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

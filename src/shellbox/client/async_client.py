@@ -293,6 +293,13 @@ class AsyncWorkspace:
         url = wire.container_path(container_id, "workspace", "file")
         return (await self._client._request("GET", url, params=params)).content
 
+    async def resolve(self, container_id: str, path: str) -> str:
+        """Where ``path`` leads with its symbolic links followed (absolute, in the container);
+        BadRequestError with code ``path_outside_workspace`` if a link leads out."""
+        url = wire.container_path(container_id, "workspace", "path")
+        response = await self._client._request("GET", url, params={"path": path})
+        return str(wire.json_body(response)["path"])
+
     async def write(self, container_id: str, path: str, data: bytes) -> WorkspaceFile:
         url = wire.container_path(container_id, "workspace", "file")
         response = await self._client._request("PUT", url, params={"path": path}, content=data)

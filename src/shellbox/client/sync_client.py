@@ -299,7 +299,8 @@ class Workspace:
     """Files and archives of a container's ``/mnt/data``, addressed by path.
 
     Paths are relative to ``/mnt/data`` or absolute under it; the server refuses ``..`` and
-    symbolic links. Archives are tar streams whose members are relative to ``path``.
+    symbolic links that lead out of it. Archives are tar streams whose members are relative to
+    ``path``.
     """
 
     def __init__(self, client: Shellbox) -> None:
@@ -311,6 +312,13 @@ class Workspace:
             params["max_bytes"] = max_bytes
         url = wire.container_path(container_id, "workspace", "file")
         return self._client._request("GET", url, params=params).content
+
+    def resolve(self, container_id: str, path: str) -> str:
+        """Where ``path`` leads with its symbolic links followed (absolute, in the container);
+        BadRequestError with code ``path_outside_workspace`` if a link leads out."""
+        url = wire.container_path(container_id, "workspace", "path")
+        response = self._client._request("GET", url, params={"path": path})
+        return str(wire.json_body(response)["path"])
 
     def write(self, container_id: str, path: str, data: bytes) -> WorkspaceFile:
         """Replace (or create, with its parent directories) the file at ``path``."""

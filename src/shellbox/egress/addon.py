@@ -29,10 +29,15 @@ import os
 import re
 import socket
 import time
+import zlib
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any, NamedTuple
 
-# mitmproxy lives only in .venv-egress; the server's environment (and mypy's) lacks it.
+# mitmproxy (and the decoders it depends on) live only in .venv-egress; the server's
+# environment (and mypy's) lacks them.
+import brotli  # type: ignore[import-not-found]
+import zstandard  # type: ignore[import-not-found]
 from mitmproxy import ctx, http  # type: ignore[import-not-found]
 
 log = logging.getLogger("shellbox.egress")
@@ -42,6 +47,9 @@ AUDIT_FILE = "audit.jsonl"  # must match egress/paths.py
 READY_FILE = "ready"  # must match egress/paths.py
 ALLOWED_PORTS = (80, 443)
 REFUSED_STATUS = 520  # what OpenRouter's sandboxes answer for plain HTTP outside the policy
+MISDIRECTED_STATUS = 421  # a Host, :authority or SNI other than the host connected to
+CLEARTEXT_STATUS = 403  # a secret's placeholder in a request that is not HTTPS
+BAD_GATEWAY = 502
 META = "shellbox"  # key in flow.metadata
 AUDIT_CHECK_S = 0.5  # how often to look whether the server rotated the audit file
 
@@ -120,41 +128,303 @@ def parse_hosts(text: str) -> dict[str, str]:
     return out
 
 
+# -- what the sandbox must never read back ---------------------------------------------------
+#
+# The proxy puts a secret's value into requests; an upstream may send it back in any form (an
+# echo, a debug page, an error message). Every form the proxy itself produces (the raw value,
+# the value inside a Basic credential's base64) and every trivially reversible form of it is
+# found in what comes back (headers, bodies, trailers, WebSocket messages) and replaced by the
+# placeholder, whatever the case of its letters:
+#   - the value with any of its characters escaped: %XX (URL encoding, '+' for a space),
+#     \xXX, \u00XX, a backslash before punctuation (JSON, shells), HTML entities;
+#   - hex of the value;
+#   - base64 (standard and URL-safe alphabets, padded or not, wrapped in lines or not) of any
+#     data containing the value, at each of the three alignments it may have inside it: the
+#     characters that carry only the value's bits, plus the one on either side that carries
+#     some of them, so that no bit of the value is left.
+# Replacing rather than refusing the response: a streamed body's headers are already on their
+# way when a copy turns up in it, and an answer that merely echoes a credential (a token
+# introspection, an echo service) stays usable. The placeholder is put in the encoded form's
+# place as is: the bits the form shared with its neighbours cannot be rebuilt without the value.
+
+MIN_ENCODED = 8  # an encoded form shorter than this would match unrelated text too often
+_B64_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_")
+_LINE_BREAK = rb"(?:\r?\n)?"  # MIME base64 is wrapped in 76-character lines
+_HTML_NAMED = {
+    ord("&"): [b"&amp;"],
+    ord("<"): [b"&lt;"],
+    ord(">"): [b"&gt;"],
+    ord('"'): [b"&quot;"],
+    ord("'"): [b"&apos;"],
+}
+
+
+def _char_forms(c: int) -> bytes:
+    """A regular expression for one character of a value, escaped or not."""
+    h, hx = b"%02x" % c, b"%x" % c
+    forms = [
+        re.escape(bytes([c])),
+        b"%" + h,
+        rb"\\x" + h,
+        rb"\\u00" + h,
+        b"&#0{0,4}%d;" % c,
+        b"&#x0{0,4}" + hx + b";",
+        *_HTML_NAMED.get(c, []),
+    ]
+    if not bytes([c]).isalnum():
+        forms.append(rb"\\" + re.escape(bytes([c])))
+    if c == 0x20:
+        forms.append(rb"\+")
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+def b64_cores(value: bytes) -> list[bytes]:
+    """The base64 characters made of the value's bits only, at each alignment."""
+    out = []
+    for align in range(3):
+        first, stop = -(-8 * align // 6), 8 * (align + len(value)) // 6
+        if stop - first >= MIN_ENCODED:
+            out.append(base64.b64encode(b"\0" * align + value + b"\0\0")[first:stop])
+    return out
+
+
+def _b64_units(value: bytes) -> list[list[bytes]]:
+    """The value inside base64 text, at each of its alignments: the characters made of the
+    value's bits only, then the one that carries its last bits (each may follow a line
+    break). The one before, which carries its first bits, is added to the span by
+    ``find_forms`` (a pattern that starts with a class of characters is searched far slower)."""
+    out: list[list[bytes]] = []
+    n = len(value)
+    for align in range(3):
+        start, end = 8 * align, 8 * (align + n)  # the value's bits in the encoded stream
+        first, stop = -(-start // 6), end // 6  # characters made of its bits only
+        if stop - first < MIN_ENCODED:
+            continue
+        base = base64.b64encode(b"\0" * align + value + b"\0\0")
+        units = [_b64_class({c}) for c in base[first:stop]]
+        if end % 6:  # its character depends on the value's last bytes and the next one only
+            k = min(n, 3)
+            tail_align = (align + n - k) % 3
+            tail_stop = 8 * (tail_align + k) // 6
+            trail = {
+                base64.b64encode(b"\0" * tail_align + value[-k:] + bytes([y]) + b"\0")[tail_stop]
+                for y in range(256)
+            }
+            units.append(_b64_class(trail))
+        out.append([units[0], *(_LINE_BREAK + u for u in units[1:])])
+    return out
+
+
+def _b64_class(chars: set[int]) -> bytes:
+    """Characters of the standard alphabet, and their URL-safe twins."""
+    alts = set(chars)
+    alts |= {ord("-") for c in chars if c == ord("+")} | {ord("_") for c in chars if c == ord("/")}
+    if len(alts) == 1:
+        return re.escape(bytes(alts))
+    return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(alts)) + b"]"
+
+
+def value_forms(value: bytes) -> tuple[list[tuple[list[bytes], bool]], int]:
+    """Every form of ``value`` to scrub, each a list of regular expressions, one per unit of
+    the form (a character of the value, of its hex, of its base64), lowercase since they are
+    matched against lowercased text, with whether it is a base64 form; and the longest text
+    a form can match."""
+    forms = [([_char_forms(c) for c in value], False)]
+    if 2 * len(value) >= MIN_ENCODED:
+        forms.append(([re.escape(b"%02x" % c) for c in value], False))
+    longest = 10 * len(value)  # '&#x0000NN;' per character
+    b64 = _b64_units(value)
+    forms += [(units, True) for units in b64]
+    if b64:
+        longest = max(longest, 3 * (len(value) * 4 // 3 + 4))  # each character, and CR LF
+    return [([u.lower() for u in units], is_b64) for units, is_b64 in forms], longest + LEAD
+
+
+LEAD = 3  # a base64 form's span also takes the character before it (and a line break)
+# A form is searched with one regular expression for its first DETECT units, then followed
+# unit by unit: compiling one expression for a whole long value (8 KiB are allowed) takes
+# seconds of the proxy's only thread, and that per value.
+DETECT = 24
+
+
+class Form(NamedTuple):
+    detector: re.Pattern[bytes]
+    rest: tuple[re.Pattern[bytes], ...]
+    b64: bool
+
+
+_UNITS: dict[bytes, re.Pattern[bytes]] = {}  # few: one per character and class
+_FORMS: dict[bytes, tuple[list[Form], int]] = {}
+Forms = tuple[list[tuple[Form, int]], int]
+
+
+def _unit(source: bytes) -> re.Pattern[bytes]:
+    found = _UNITS.get(source)
+    if found is None:
+        found = _UNITS[source] = re.compile(source)
+    return found
+
+
+def scrub_forms(secrets: list[Secret]) -> Forms:
+    """(form, index of its secret) for every form of every value, and the longest span;
+    each value's forms are compiled once. Each detector is searched separately: an
+    alternation of them would defeat the regex engine's first-character scan (measured:
+    5 MB/s instead of 80 and more)."""
+    out: list[tuple[Form, int]] = []
+    longest = 1
+    for i, s in enumerate(secrets):
+        found = _FORMS.get(s.value)
+        if found is None:
+            if len(_FORMS) > 4096:  # containers come and go: forget the old values
+                _FORMS.clear()
+            forms, n = value_forms(s.value)
+            # what the proxy itself sends may be the value's base64 (a Basic credential),
+            # which an upstream may then encode again
+            for core in b64_cores(s.value):
+                more, m = value_forms(core)
+                forms += more
+                n = max(n, m)
+            compiled = [
+                Form(re.compile(b"".join(units[:DETECT])), tuple(map(_unit, units[DETECT:])), b64)
+                for units, b64 in forms
+            ]
+            found = _FORMS[s.value] = (compiled, n)
+        out += [(form, i) for form in found[0]]
+        longest = max(longest, found[1])
+    return out, longest
+
+
+def find_forms(data: bytes, forms: Forms) -> list[tuple[int, int, int]]:
+    """(start, end, secret index) of every span of ``data`` that holds a form of a value (or
+    of its beginning: a value cut short is scrubbed as far as it goes); overlapping spans
+    are merged into one, so no piece of a form is left."""
+    lowered = data.lower()  # ASCII only: every offset stays the same
+    found = []
+    for form, i in forms[0]:
+        for m in form.detector.finditer(lowered):
+            end = m.end()
+            for unit in form.rest:
+                more = unit.match(lowered, end)
+                if more is None:
+                    break
+                end = more.end()
+            found.append((_lead(data, m.start()) if form.b64 else m.start(), end, i))
+    found.sort()
+    spans: list[tuple[int, int, int]] = []
+    for start, end, i in found:
+        if spans and start < spans[-1][1]:
+            last = spans[-1]
+            spans[-1] = (last[0], max(last[1], end), last[2])
+        else:
+            spans.append((start, end, i))
+    return spans
+
+
+def _lead(data: bytes, start: int) -> int:
+    """Where a base64 form found at ``start`` begins, with the character before it."""
+    if data[max(start - 2, 0) : start] == b"\r\n":
+        start -= 2
+    elif data[start - 1 : start] == b"\n":
+        start -= 1
+    if start > 0 and data[start - 1] in _B64_CHARS:
+        start -= 1
+    return start
+
+
+def scrub(data: bytes, secrets: list[Secret]) -> bytes:
+    """``data`` with every form of every value replaced by its placeholder."""
+    if not secrets or not data:
+        return data
+    out: list[bytes] = []
+    pos = 0
+    for start, end, i in find_forms(data, scrub_forms(secrets)):
+        out += [data[pos:start], secrets[i].placeholder]
+        pos = end
+    out.append(data[pos:])
+    return b"".join(out)
+
+
+class _Inflate:
+    """gzip, or deflate: zlib-wrapped by the standard, raw from some servers (the first two
+    bytes tell)."""
+
+    def __init__(self, *, gzip: bool) -> None:
+        self.gzip = gzip
+        self.d: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self.d is None:
+            if not chunk:
+                return b""
+            is_zlib = len(chunk) >= 2 and (chunk[0] * 256 + chunk[1]) % 31 == 0
+            self.d = zlib.decompressobj(zlib.MAX_WBITS if is_zlib else -zlib.MAX_WBITS)
+        return bytes(self.d.decompress(chunk) if chunk else self.d.flush())
+
+
+def stream_decoder(encoding: str) -> Callable[[bytes], bytes] | None:
+    """A function that decodes a body chunk by chunk (``b""`` at its end flushes), or None
+    for an encoding the proxy cannot decode (or a list of several)."""
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return _Inflate(gzip=encoding != "deflate")
+    if encoding == "br":
+        brotli_d = brotli.Decompressor()
+        return lambda chunk: brotli_d.process(chunk) if chunk else b""
+    if encoding == "zstd":
+        zstd_d = zstandard.ZstdDecompressor().decompressobj()
+        return lambda chunk: zstd_d.decompress(chunk) if chunk else b""
+    return None
+
+
 class Scrubber:
     """Replaces secret values by their placeholders in a streamed body, counting its bytes.
 
     A value cut in two by a chunk boundary is caught by holding back the last
-    ``len(longest value) - 1`` bytes until the next chunk (or the end) arrives.
+    ``longest match - 1`` bytes until the next chunk (or the end) arrives: a form that
+    starts before the held part is then whole in what was searched.
     """
 
-    def __init__(self, secrets: Iterable[Secret], count: Callable[[int], None]) -> None:
-        pairs = sorted(((s.value, s.placeholder) for s in secrets), key=lambda p: -len(p[0]))
-        self.map = dict(pairs)
-        self.pattern = re.compile(b"|".join(re.escape(v) for v, _ in pairs)) if pairs else None
-        self.keep = max((len(v) for v, _ in pairs), default=1) - 1
+    def __init__(
+        self,
+        secrets: Iterable[Secret],
+        count: Callable[[int], None],
+        decode: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self.decode = decode
+        self.secrets = list(secrets)
+        self.forms = scrub_forms(self.secrets)
+        self.keep = self.forms[1] - 1
         self.count = count
         self.held = b""
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        """What to send on: a list, empty while everything is held back (mitmproxy would send
+        an empty bytes chunk, which ends a chunked body)."""
         self.count(len(chunk))
-        data = self.held + chunk
-        if self.pattern is None:
-            self.held = b""
-            return data
         final = chunk == b""
-        cut = len(data) if final else max(len(data) - self.keep, 0)
+        if self.decode is not None:
+            chunk = self.decode(chunk)
+        data = self.held + chunk
+        if not self.secrets:
+            self.held = b""
+            return [data] if data else []
+        if not final and len(data) < 2 * self.keep:
+            # too little new data past what must be held back: wait for more, so that each
+            # byte is searched at most about twice (the held part is searched again)
+            self.held = data
+            return []
+        cut = len(data) if final else len(data) - self.keep
         out: list[bytes] = []
         pos = 0
-        for m in self.pattern.finditer(data):
-            if m.start() >= cut:
+        for start, end, i in find_forms(data, self.forms):
+            if start >= cut:
                 break
-            out.append(data[pos : m.start()])
-            out.append(self.map[m.group()])
-            pos = m.end()
+            out += [data[pos:start], self.secrets[i].placeholder]
+            pos = end
         cut = max(cut, pos)
         out.append(data[pos:cut])
         self.held = data[cut:]
-        return b"".join(out)
+        sent = b"".join(out)
+        return [sent] if sent else []
 
 
 class EgressAddon:
@@ -356,9 +626,28 @@ class EgressAddon:
                 self._refuse(flow, policy, REFUSED_STATUS, reason)
                 return
             assert policy is not None
+            # The policy and the secrets follow the host the proxy connects to (the CONNECT
+            # target, or the absolute URI's host): a different Host, :authority or SNI
+            # would let a CDN deliver the request (and its secrets) to another site.
+            reason = misdirected(flow, host, port)
+            if reason is not None:
+                self._refuse(flow, policy, MISDIRECTED_STATUS, reason)
+                return
             state = FlowState(policy.container)
             flow.metadata[META] = state
-            state.secrets = policy.secrets_for(host)
+            secrets = policy.secrets_for(host)
+            if secrets and flow.request.scheme != "https":
+                # never a secret in clear text; a placeholder sent anyway is refused, so the
+                # client learns why the upstream did not accept its credential
+                if _carries_placeholder(flow.request.headers.fields, secrets):
+                    reason = (
+                        f"shellbox egress: the domain_secrets for {host} are only sent over "
+                        f"HTTPS; use https://{host}/ instead of http://"
+                    )
+                    self._refuse(flow, policy, CLEARTEXT_STATUS, reason)
+                    return
+                secrets = []
+            state.secrets = secrets
             if state.secrets:
                 self._inject(flow, state.secrets)
             if flow.request.stream:
@@ -372,16 +661,43 @@ class EgressAddon:
             state = flow.metadata.get(META)
             if not isinstance(state, FlowState) or state.audited or flow.response is None:
                 return
-            if state.secrets:
-                flow.response.headers.fields = tuple(
-                    (k, self._scrub(v, state.secrets)) for k, v in flow.response.headers.fields
-                )
-            if flow.response.stream:
 
-                def count(n: int) -> None:
-                    state.response_bytes += n
+            def count(n: int) -> None:
+                state.response_bytes += n
 
-                flow.response.stream = Scrubber(state.secrets, count)
+            if not state.secrets:
+                if flow.response.stream:
+                    flow.response.stream = Scrubber([], count)
+                return
+            response = flow.response
+            self._scrub_head(response, state.secrets)
+            if flow.request.method == "HEAD" or response.status_code in (204, 304):
+                return  # no body
+            if response.status_code < 200:
+                return  # 101: a WebSocket's messages are scrubbed one by one
+            # Every body is streamed through the scrubber, whatever its size: mitmproxy turns
+            # a buffered body into a stream (unscrubbed) when it grows past its streaming
+            # size. A compressed one is decoded on the way (the value would hide in it).
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            decoder = None
+            if encoding not in ("", "identity"):
+                decoder = stream_decoder(encoding)
+                if decoder is None:
+                    reason = (
+                        "shellbox egress: the upstream's answer to a request that carried a "
+                        f"domain_secret is encoded ({encoding}) in a way the proxy cannot "
+                        "read, so it cannot be checked for the secret"
+                    )
+                    self._audit(flow, state.container, "refused", reason, BAD_GATEWAY)
+                    state.audited = True
+                    flow.kill()
+                    return
+                del response.headers["content-encoding"]
+            # scrubbing changes the body's length: frame it by chunks (HTTP/2 frames it)
+            response.headers.pop("content-length", None)
+            if flow.request.http_version == "HTTP/1.1":
+                response.headers["transfer-encoding"] = "chunked"
+            response.stream = Scrubber(state.secrets, count, decoder)
         except Exception:
             log.exception("shellbox egress: responseheaders failed")
             flow.kill()
@@ -391,12 +707,11 @@ class EgressAddon:
             state = flow.metadata.get(META)
             if not isinstance(state, FlowState) or state.audited or flow.response is None:
                 return
-            if not flow.response.stream:
-                if state.secrets:
-                    body = flow.response.get_content(strict=False) or b""
-                    scrubbed = self._scrub(body, state.secrets)
-                    if scrubbed != body:
-                        flow.response.content = scrubbed
+            if state.secrets and flow.response.trailers:
+                flow.response.trailers.fields = _scrub_fields(
+                    flow.response.trailers.fields, state.secrets
+                )
+            if not flow.response.stream:  # (a flow with secrets is always streamed)
                 state.response_bytes = len(flow.response.raw_content or b"")
             if not flow.request.stream:
                 state.request_bytes = len(flow.request.raw_content or b"")
@@ -404,6 +719,21 @@ class EgressAddon:
             state.audited = True
         except Exception:
             log.exception("shellbox egress: response failed")
+            flow.kill()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """A WebSocket opened with a secret in its handshake: the upstream's messages are
+        scrubbed like a body (each message is whole here)."""
+        try:
+            state = flow.metadata.get(META)
+            if not isinstance(state, FlowState) or not state.secrets or flow.websocket is None:
+                return
+            message = flow.websocket.messages[-1]
+            if not message.from_client:
+                message.content = scrub(message.content, state.secrets)
+        except Exception:
+            log.exception("shellbox egress: websocket_message failed")
+            flow.kill()
 
     def error(self, flow: http.HTTPFlow) -> None:
         try:
@@ -433,15 +763,25 @@ class EgressAddon:
             data.server.error = "shellbox egress: internal error"
 
     def tls_clienthello(self, data: Any) -> None:
-        """With ``intercept=secrets``, TLS to a host no secret is for is tunnelled as is: much
-        faster (no decryption in Python), audited per connection instead of per request."""
+        """The upstream always gets the CONNECT host as its SNI, never the one the sandbox
+        chose (a request with a different SNI is refused at its headers, see
+        ``misdirected``). With ``intercept=secrets``, TLS to a host no secret is for is
+        tunnelled as is: much faster (no decryption in Python), audited per connection
+        instead of per request; unless its SNI names another host, which only an
+        intercepted connection can refuse."""
         try:
-            if self.intercept != "secrets" or data.context.server.address is None:
+            if data.context.server.address is None:
                 return
-            policy = self._client(data.context.client)
             host, port = data.context.server.address
             host = _norm(str(host))
+            data.context.server.sni = host
+            if self.intercept != "secrets":
+                return
+            policy = self._client(data.context.client)
             if policy is None or policy.secrets_for(host):
+                return
+            sni = data.client_hello.sni
+            if sni is not None and _norm(sni) != host:
                 return
             data.ignore_connection = True
             self._write_audit(
@@ -504,6 +844,8 @@ class EgressAddon:
             reason + "\n",
             {"content-type": "text/plain; charset=utf-8", "x-shellbox-egress": "refused"},
         )
+        if not flow.response.reason and status in HTTPStatus._value2member_map_:
+            flow.response.reason = HTTPStatus(status).phrase
         flow.metadata[META] = FlowState(policy.container if policy else "", audited=True)
         if policy is not None:
             self._audit(flow, policy.container, "refused", reason, status)
@@ -519,11 +861,11 @@ class EgressAddon:
         flow.request.headers.pop("accept-encoding", None)
 
     @staticmethod
-    def _scrub(data: bytes, secrets: list[Secret]) -> bytes:
-        for s in secrets:
-            if s.value in data:
-                data = data.replace(s.value, s.placeholder)
-        return data
+    def _scrub_head(response: http.Response, secrets: list[Secret]) -> None:
+        response.headers.fields = _scrub_fields(response.headers.fields, secrets)
+        reason = response.data.reason
+        if reason:
+            response.data.reason = scrub(reason, secrets)
 
     @staticmethod
     def _counter(state: FlowState, attr: str) -> Callable[[bytes], bytes]:
@@ -586,6 +928,51 @@ class EgressAddon:
         with open(tmp, "w") as f:
             f.write(str(os.getpid()))
         os.replace(tmp, self._path(READY_FILE))
+
+
+def misdirected(flow: http.HTTPFlow, host: str, port: int) -> str | None:
+    """Why the request names another host than the one the proxy connects to, or None."""
+    req = flow.request
+    named = [("Host", v) for v in req.headers.get_all("host")]
+    if req.authority:
+        named.append((":authority", req.authority))
+    client = flow.client_conn
+    if getattr(client, "tls", False) and client.sni:
+        named.append(("TLS SNI", client.sni))
+    for what, value in named:
+        other_host, other_port = _split_authority(value)
+        if other_host != host or other_port not in (None, port):
+            return (
+                f"shellbox egress: the request's {what} {value!r} differs from the host it "
+                f"was sent to ({host}:{port}); send it to that host (one host per connection)"
+            )
+    return None
+
+
+def _split_authority(value: str) -> tuple[str, int | None]:
+    """``host``, ``host:port`` or ``[v6]:port`` -> (normalized host, port or None)."""
+    value = value.strip()
+    host, port = value, ""
+    if value.startswith("["):
+        end = value.find("]")
+        host, port = value[: end + 1], value[end + 1 :].removeprefix(":")
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    try:
+        return _norm(host), int(port) if port else None
+    except ValueError:
+        return _norm(value), -1  # never equal to a real port
+
+
+def _carries_placeholder(fields: Iterable[tuple[bytes, bytes]], secrets: list[Secret]) -> bool:
+    return any(_replace_secret(v, secrets) != v for _, v in fields)
+
+
+def _scrub_fields(
+    fields: Iterable[tuple[bytes, bytes]], secrets: list[Secret]
+) -> tuple[tuple[bytes, bytes], ...]:
+    """Header (or trailer) fields with the values scrubbed from names and values alike."""
+    return tuple((scrub(k, secrets), scrub(v, secrets)) for k, v in fields)
 
 
 def _replace_secret(value: bytes, secrets: list[Secret]) -> bytes:

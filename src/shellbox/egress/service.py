@@ -40,6 +40,7 @@ from shellbox.egress.paths import (
     EgressPaths,
     write_atomic,
 )
+from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
@@ -73,6 +74,8 @@ class EgressService:
                 self.operator = pol.validate_operator_allowlist(self.settings.allow)
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param="egress.allow") from None
+        key_path = services.settings.secrets_key_file()
+        self.sealer = SecretSealer(load_key(key_path), key_path)
         self.paths = EgressPaths(
             services.settings.state_dir / "egress", self.runtime.run_base / "egress"
         )
@@ -257,7 +260,14 @@ class EgressService:
             record = ContainerRecord.from_row(dict(row._mapping))
             slot = NetnsPool.slot_for(self.settings.subnet, live[record.id])
             allowed = list(record.network_policy.get("allowed_domains", []))
-            self.clients[slot.sandbox_ip] = self._entry(record.id, allowed, record.secrets)
+            try:
+                secrets = self.sealer.open(record.id, record.secrets)
+            except SandboxError:
+                # its traffic is refused (the proxy does not know it) rather than sent without
+                # its credentials; the others still start
+                log.exception("container %s keeps no egress", record.id)
+                continue
+            self.clients[slot.sandbox_ip] = self._entry(record.id, allowed, secrets)
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -305,7 +315,7 @@ class EgressService:
         self.clients[slot.sandbox_ip] = self._entry(cid, list(policy.allowed_domains), secrets)
         self._write_policy()
         prov.network_policy = policy.public()
-        prov.secrets = secrets
+        prov.secrets = self.sealer.seal(secrets)  # what the database keeps
         prov.netns_path = slot.netns_path
         prov.env.update(self._env(slot))
         prov.env.update(placeholders)
@@ -362,7 +372,8 @@ class EgressService:
             await self.pool.ensure(index)
         if slot.sandbox_ip not in self.clients:
             allowed = list(record.network_policy.get("allowed_domains", []))
-            self.clients[slot.sandbox_ip] = self._entry(record.id, allowed, record.secrets)
+            secrets = self.sealer.open(record.id, record.secrets)
+            self.clients[slot.sandbox_ip] = self._entry(record.id, allowed, secrets)
             self._write_policy()
 
     async def release(self, record: ContainerRecord) -> None:
@@ -412,6 +423,7 @@ def install(services: Services) -> None:
     # The database was created before this module was imported: add our tables if missing.
     metadata.create_all(services.db.engine, tables=[egress_slots, egress_events])
     egress = EgressService(services)
+    seal_plaintext_rows(services.db, egress.sealer)
     services.extras["egress"] = egress
     services.closers.append(egress.close)
     c = services.containers

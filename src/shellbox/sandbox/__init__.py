@@ -19,6 +19,7 @@ from shellbox.sandbox.base import (
     SandboxInfo,
 )
 from shellbox.sandbox.crun import OciRuntime
+from shellbox.sandbox.idmap import UidRanges
 from shellbox.sandbox.image import ensure_image
 from shellbox.sandbox.storage import StorageConfig
 from shellbox.settings import Settings
@@ -38,6 +39,7 @@ __all__ = [
     "SandboxInfo",
     "create_runtime",
     "storage_config",
+    "uid_ranges",
 ]
 
 
@@ -53,9 +55,16 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
         binary=settings.runtime.type,
         seccomp=settings.runtime.seccomp,
         storage_config=storage_config(settings),
+        uid_ranges=uid_ranges(settings),
     )
 
 
 def storage_config(settings: Settings) -> StorageConfig:
     s = settings.storage
     return StorageConfig(backend=s.backend, device=s.device, size_gb=s.size_gb)
+
+
+def uid_ranges(settings: Settings) -> UidRanges:
+    """The host-wide pool of container uid ranges the settings describe."""
+    rt = settings.runtime
+    return UidRanges(rt.uid_range_first, rt.uid_range_count, rt.uid_claims_dir)

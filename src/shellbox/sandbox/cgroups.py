@@ -13,6 +13,7 @@ neither move out of it nor raise a limit.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -23,6 +24,15 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "shellbox"
 DELEGATED_V1 = ("memory", "pids", "freezer")
 V2_DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
+# CPU and I/O weights. All containers together weigh half of one process of the server's (which
+# runs outside ``shellbox/``, as does the egress proxy), so the server keeps answering whatever
+# tenants run; each container weighs the same, so one container's load cannot starve another's.
+# v1 ``cpu.shares`` (default 1024) and v2 ``cpu.weight`` (default 100) say the same thing; I/O
+# weights exist only where the disk's scheduler is BFQ (``blkio.bfq.weight``, ``io.bfq.weight``)
+# or, on v2, with io.cost (``io.weight``), and are written where the files exist.
+PARENT_CPU_SHARES, CONTAINER_CPU_SHARES = 512, 1024
+PARENT_CPU_WEIGHT, CONTAINER_CPU_WEIGHT = 50, 100
+PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT = 50, 100
 
 
 class CgroupMode(StrEnum):
@@ -77,6 +87,7 @@ class HostCgroups:
             for name in V2_DELEGATED_FILES:
                 if (path / name).exists():
                     os.chown(path / name, owner_uid, owner_uid)
+            self.set_weights(container_id)
             return
         for ctl in DELEGATED_V1:
             path = self.root / ctl / PARENT / container_id
@@ -84,6 +95,28 @@ class HostCgroups:
             os.chown(path, owner_uid, owner_uid)
             for name in ("cgroup.procs", "tasks"):
                 os.chown(path / name, owner_uid, owner_uid)
+        self.set_weights(container_id)
+
+    def set_weights(self, container_id: str) -> None:
+        """The CPU and I/O weights of ``shellbox/`` and of the container (see the constants)."""
+        if self.mode is CgroupMode.v2:
+            parent = self.root / PARENT
+            cpu = ("cpu.weight", PARENT_CPU_WEIGHT, CONTAINER_CPU_WEIGHT)
+            io = [(name, PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT) for name in V2_IO_WEIGHTS]
+            places = [(parent, [cpu, *io])]
+        else:
+            cpu = ("cpu.shares", PARENT_CPU_SHARES, CONTAINER_CPU_SHARES)
+            io = [(name, PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT) for name in V1_IO_WEIGHTS]
+            places = [(self.root / "cpu" / PARENT, [cpu]), (self.root / "blkio" / PARENT, io)]
+        for parent, files in places:
+            if not parent.parent.is_dir():
+                continue  # no such hierarchy here
+            child = parent / container_id
+            child.mkdir(parents=True, exist_ok=True)
+            for name, parent_value, child_value in files:
+                for path, value in ((parent, parent_value), (child, child_value)):
+                    if (path / name).exists():
+                        _write_weight(path / name, value)
 
     def remove(self, container_id: str, timeout_s: float = 2.0) -> None:
         """Remove the container's cgroups, sub-cgroups first. Waits for dying processes."""
@@ -140,8 +173,21 @@ class HostCgroups:
         return {p.name for p in parent.iterdir() if p.is_dir()}
 
 
+V1_IO_WEIGHTS = ("blkio.bfq.weight", "blkio.weight")
+V2_IO_WEIGHTS = ("io.bfq.weight", "io.weight")
+
+
+def _write_weight(path: Path, value: int) -> None:
+    """Write one weight; refused ones (io.weight without io.cost, say) are left as they are."""
+    try:
+        path.write_text(f"{value}\n" if not path.name.startswith("io.") else f"default {value}\n")
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENODEV):
+            raise
+
+
 def _enable_v2_controllers(path: Path) -> None:
-    wanted = {"memory", "pids", "cpu"}
+    wanted = {"memory", "pids", "cpu", "io"}
     available = set((path / "cgroup.controllers").read_text().split())
     enabled = set((path / "cgroup.subtree_control").read_text().split())
     missing = (wanted & available) - enabled

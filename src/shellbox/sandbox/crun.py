@@ -14,7 +14,9 @@ and its disk, ``<state>/disks/<id>/``, a btrfs subvolume with the container's di
     data/       bind-mounted at /mnt/data; the host reads and writes container files here
 
 Containers made before disks existed keep ``upper/ work/ data/`` in their container
-directory, and run without a disk quota.
+directory, and run without a disk quota. Both directories are root's with the group of the
+container's root (its own uid range, ``idmap.py``), mode 0710: it can reach its rootfs and
+data, no other container's uids can look in. ``upper/`` and ``data/`` are owned by the range.
 
 Volatile pieces live in ``/run/shellbox/<hash of state dir>/`` (short paths: a Unix socket
 path must fit in 108 bytes): the OCI runtime's own state and each container's socket
@@ -68,8 +70,14 @@ from typing import Any, Literal
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
-from shellbox.errors import AgentNotReachable, AgentUnavailable, ContainerNotFound, SandboxError
-from shellbox.sandbox import hostns, oci, storage
+from shellbox.errors import (
+    AgentNotReachable,
+    AgentUnavailable,
+    ContainerNotFound,
+    SandboxError,
+    ShellboxError,
+)
+from shellbox.sandbox import hostns, idmap, oci, storage
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -91,6 +99,14 @@ RUN_BASE = Path("/run/shellbox")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
 PF_EXITING = 0x4  # <linux/sched.h>: a task's flags while it exits
+# How ``crun exec`` gets a command: on stdin, never as argv (one argv string is capped at
+# 128 KiB, a command may be 1 MiB). bash reads it whole from the pipe (``cat``: the sandbox
+# user may not reopen a pipe made outside its user namespace through /dev/fd), gives the
+# command /dev/null as stdin (the contract), and evaluates it.
+FALLBACK_SCRIPT = (
+    'exec 3<&0 </dev/null; __shellbox_command="$(cat <&3)"; exec 3<&-; '
+    'eval "unset __shellbox_command; $__shellbox_command"'
+)
 
 
 OWNER_FILE = "owner"  # the state directory a /run/shellbox/<key> directory belongs to
@@ -139,8 +155,12 @@ class OciRuntime:
         seccomp: bool = True,
         sandbox_env: dict[str, str] | None = None,
         storage_config: storage.StorageConfig | None = None,
+        uid_ranges: idmap.UidRanges | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        self.uid_ranges = uid_ranges or idmap.UidRanges()
+        self.uid_ranges.check_host()
+        self._uid_bases: dict[str, int] = {}
         self.image_rootfs = image_rootfs
         self.binary = binary
         self.binary_path = shutil.which(binary)
@@ -149,7 +169,10 @@ class OciRuntime:
             raise SandboxError(msg)
         self.cgroups = HostCgroups(detect_mode())
         # Once per process, while it has no threads: OCI calls then need no namespace set-up.
-        hostns.enter_private_namespace(self.cgroups.mode is CgroupMode.hybrid)
+        hostns.enter_private_namespace(
+            self.cgroups.mode is CgroupMode.hybrid, self.uid_ranges.count
+        )
+        hostns.make_room_for(self.uid_ranges.count)
         self.seccomp = oci.load_seccomp() if seccomp else None
         key = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.run_base = RUN_BASE / key
@@ -219,6 +242,24 @@ class OciRuntime:
 
     def _lock(self, container_id: str) -> asyncio.Lock:
         return self._locks.setdefault(container_id, asyncio.Lock())
+
+    def uid_base(self, container_id: str) -> int:
+        """The host uid of the container's root: the first of its own range (``idmap.py``);
+        ``IMAGE_UID_BASE`` for a container made before ranges existed."""
+        base = self._uid_bases.get(container_id)
+        if base is None:
+            base = idmap.read_base(self.container_dir(container_id))
+            if base is None:
+                if not (self.container_dir(container_id) / "spec.json").exists():
+                    msg = f"no such container: {container_id}"
+                    raise ContainerNotFound(msg)
+                base = idmap.IMAGE_UID_BASE
+            self._uid_bases[container_id] = base
+        return base
+
+    def host_uid(self, container_id: str, container_uid: int) -> int:
+        """The host uid that ``container_uid`` is inside the container (file ownership)."""
+        return self.uid_base(container_id) + container_uid
 
     def _install_agent(self) -> Path:
         """Copy the agent's files, with their byte code, where the container's root can read
@@ -296,14 +337,27 @@ class OciRuntime:
     async def create(self, spec: ContainerSpec) -> None:
         cdir = self.container_dir(spec.id)
         (cdir / "rootfs").mkdir(parents=True, exist_ok=True)
-        os.chmod(cdir, 0o711)  # the container root must traverse it to its rootfs
+        root_uid = idmap.read_base(cdir)
+        if root_uid is None:
+            try:
+                root_uid = self.uid_ranges.claim(cdir)
+            except ShellboxError:
+                shutil.rmtree(cdir, ignore_errors=True)
+                raise
+            idmap.write_base(cdir, root_uid)
+        self._uid_bases[spec.id] = root_uid
+        # The container's root must traverse it to its rootfs and data; no other container's
+        # uids (an escaped process) may even look in.
+        os.chown(cdir, 0, root_uid)
+        os.chmod(cdir, 0o710)
         disk = self.storage.create(spec.id, spec.disk_limit_bytes)
+        os.chown(disk, 0, root_uid)  # the same for the disk, a directory of its own
+        os.chmod(disk, 0o710)
         for sub in ("upper", "work", "data"):
             (disk / sub).mkdir(exist_ok=True)
-        root_uid = oci.host_uid(0)
         os.chown(disk / "upper", root_uid, root_uid)
         os.chmod(disk / "upper", 0o755)
-        sandbox_uid = oci.host_uid(oci.SANDBOX_UID)
+        sandbox_uid = root_uid + oci.SANDBOX_UID
         os.chown(disk / "data", sandbox_uid, sandbox_uid)
         os.chmod(disk / "data", 0o755)
         self._disk_dirs[spec.id] = disk
@@ -346,7 +400,8 @@ class OciRuntime:
         disk = self.disk_dir(container_id)
         sock_dir = self.socket_dir(container_id)
         sock_dir.mkdir(parents=True, exist_ok=True)
-        root_uid = oci.host_uid(0)
+        root_uid = self.uid_base(container_id)
+        self.uid_ranges.hold(root_uid, cdir)
         os.chown(sock_dir, root_uid, root_uid)
         os.chmod(sock_dir, 0o700)
         sock_path = sock_dir / protocol.SOCKET_NAME
@@ -364,27 +419,41 @@ class OciRuntime:
             run_dir=sock_dir,
             agent_dir=self.agent_dir,
             cgroups_path=self.cgroups.cgroups_path(container_id),
+            uid_base=root_uid,
             seccomp=self.seccomp,
             seccomp_bpf=self._seccomp_bpf,
             hosts_file=hosts_file,
         )
         (cdir / "config.json").write_text(json.dumps(config))
-        overlay = f"lowerdir={self.image_rootfs},upperdir={disk / 'upper'},workdir={disk / 'work'}"
+        rootfs = str(cdir / "rootfs")
+        # The image, id-mapped to the container's range, is mounted at rootfs first and is the
+        # lower layer of the overlay mounted on top of it (the image's own range needs none).
+        image_base = 0 if root_uid == idmap.IMAGE_UID_BASE else root_uid
+        lower = rootfs if image_base else str(self.image_rootfs)
+        overlay = f"lowerdir={lower},upperdir={disk / 'upper'},workdir={disk / 'work'}"
         # Socket activation: bound and listening before the agent exists. It reaches the agent
         # as crun's stdin, which a detached container inherits (the agent moves it off fd 0).
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        rootfs = str(cdir / "rootfs")
-        mounted = False
+        mounted = 0
         try:
             listener.bind(str(sock_path))
             os.chmod(sock_path, 0o600)
             listener.listen(128)
             ns = hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid)
             if hostns.in_private_namespace():
+                if image_base:
+                    idmap.mount_image(str(self.image_rootfs), rootfs, image_base)
+                    mounted += 1
                 hostns.mount_overlay(rootfs, overlay)
-                mounted = True
+                mounted += 1
             else:
-                ns = dataclasses.replace(ns, overlay_options=overlay, overlay_target=rootfs)
+                ns = dataclasses.replace(
+                    ns,
+                    overlay_options=overlay,
+                    overlay_target=rootfs,
+                    image=str(self.image_rootfs) if image_base else "",
+                    image_base=image_base,
+                )
             with open(cdir / "agent.log", "wb+") as log:  # handed to the container
                 await self._oci(
                     "run", "--detach", "--bundle", str(cdir), container_id,
@@ -392,7 +461,7 @@ class OciRuntime:
                 )  # fmt: skip
         finally:
             listener.close()
-            if mounted:  # the container has its own copy now
+            for _ in range(mounted):  # the container has its own copy now
                 hostns.detach(rootfs)
         try:
             await asyncio.wait_for(agent_client.ping(sock_path), timeout=AGENT_START_TIMEOUT_S)
@@ -418,12 +487,16 @@ class OciRuntime:
         async with self._lock(container_id):
             await self._remove_oci(container_id)
             cdir = self.container_dir(container_id)
+            base = idmap.read_base(cdir) if cdir.exists() else None
             await asyncio.to_thread(self.storage.remove, container_id)
             self._disk_dirs.pop(container_id, None)
             if cdir.exists():
                 await asyncio.to_thread(shutil.rmtree, cdir, True)
+            if base is not None:  # after the files it owns are gone
+                self.uid_ranges.release(base, cdir)
             shutil.rmtree(self.socket_dir(container_id), ignore_errors=True)
         self._locks.pop(container_id, None)
+        self._uid_bases.pop(container_id, None)
         self._spec_env.pop(container_id, None)
 
     async def _remove_oci(self, container_id: str) -> None:
@@ -620,17 +693,21 @@ class OciRuntime:
                 container_id,
                 "/bin/bash",
                 "-c",
-                command,
+                FALLBACK_SCRIPT,
             ]
             before = self.cgroups.pids(container_id)
             proc = await self._spawn(
                 args,
                 hostns.Namespace(hybrid=self.cgroups.mode is CgroupMode.hybrid),
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
+            script = command.encode("utf-8", "surrogatepass")
             try:
-                out, err = await asyncio.wait_for(proc.communicate(), request.timeout_ms / 1000)
+                out, err = await asyncio.wait_for(
+                    proc.communicate(script), request.timeout_ms / 1000
+                )
                 code = proc.returncode or 0
                 outcome = Outcome("exit", 128 - code if code < 0 else code)
             except TimeoutError:

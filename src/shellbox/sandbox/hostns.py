@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shellbox.sandbox import idmap
+
 CLONE_NEWNS = 0x00020000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -43,13 +45,17 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_SLAVE = 1 << 19
 MS_SHARED = 1 << 20
+MS_REMOUNT = 0x20
 MNT_DETACH = 0x2
+UNIFIED_PAGES_PER_CONTAINER = 1  # cgroup.procs
+UNIFIED_INODES_PER_CONTAINER = 2  # its directory and cgroup.procs
 UNIFIED = b"/sys/fs/cgroup/unified"
 NETNS_DIR = "/run/netns"
 MAX_FD = 65536
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _entered: bool | None = None  # None: not tried yet
+_unified_for = 0  # containers the stand-in for the cgroup2 mount has room for
 _lock = threading.Lock()
 
 
@@ -60,6 +66,8 @@ class Namespace:
     hybrid: bool = False
     overlay_options: str = ""  # "lowerdir=...,upperdir=...,workdir=..."
     overlay_target: str = ""
+    image: str = ""  # mounted id-mapped at overlay_target first, shifted to image_base
+    image_base: int = 0
 
     @property
     def needed(self) -> bool:
@@ -72,16 +80,41 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _hide_unified(clean: bool = False) -> None:
+def unified_options(containers: int) -> bytes:
+    """Room in the stand-in for ``/sys/fs/cgroup/unified`` for ``containers`` running at once:
+    crun makes a directory and a ``cgroup.procs`` file there per container, and the file
+    takes a page. Sized from the host's container limit (``runtime.uid_range_count``), twice
+    over; a tmpfs takes memory only for what it holds."""
+    containers = max(containers, 64)
+    pages = 2 * containers * UNIFIED_PAGES_PER_CONTAINER
+    inodes = 2 * containers * UNIFIED_INODES_PER_CONTAINER + 1024
+    return f"size={pages * 4}k,nr_inodes={inodes},mode=755".encode()
+
+
+def _hide_unified(containers: int, clean: bool = False) -> None:
     _libc.umount2(UNIFIED, MNT_DETACH)  # absent already: fine
     if clean:
         # What crun wrote there before this module put a tmpfs in the way: directories in the
         # host's /sys/fs/cgroup tmpfs, under the cgroup2 mount, invisible from the host.
         shutil.rmtree(UNIFIED.decode() + "/shellbox", ignore_errors=True)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
     _check(
-        _libc.mount(b"tmpfs", UNIFIED, b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=256k"),
+        _libc.mount(b"tmpfs", UNIFIED, b"tmpfs", flags, unified_options(containers)),
         "mount a tmpfs on /sys/fs/cgroup/unified",
     )
+
+
+def make_room_for(containers: int) -> None:
+    """Grow this process's stand-in for ``/sys/fs/cgroup/unified`` to hold ``containers``
+    (a second runtime in the process may allow more than the first)."""
+    global _unified_for
+    if _entered and _unified_for and containers > _unified_for:
+        flags = MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _check(
+            _libc.mount(b"tmpfs", UNIFIED, b"tmpfs", flags, unified_options(containers)),
+            "grow the tmpfs on /sys/fs/cgroup/unified",
+        )
+        _unified_for = containers
 
 
 def mount_overlay(target: str, options: str) -> None:
@@ -135,16 +168,17 @@ def keep_mounts_under(path: str) -> None:
         _libc.mount(None, os.fsencode(mount_point(path)), None, MS_SLAVE, None)
 
 
-def enter_private_namespace(hybrid: bool) -> bool:
+def enter_private_namespace(hybrid: bool, containers: int) -> bool:
     """Move this process into a mount namespace of its own, once.
 
     Mounts made here (the overlay roots, the stand-in for ``/sys/fs/cgroup/unified``) stay
     here, and disappear with the process; ``/run/netns`` stays a peer of the host's, so
-    network namespaces named here (egress) and there are seen by both. Returns whether the
+    network namespaces named here (egress) and there are seen by both; ``containers``: how
+    many may run at once (the stand-in's size). Returns whether the
     process now runs in one; False when it could not (it has threads already, or lacks the
     privilege), in which case callers use ``exec_in`` per call.
     """
-    global _entered
+    global _entered, _unified_for
     with _lock:
         if _entered is None:
             _entered = False
@@ -158,7 +192,8 @@ def enter_private_namespace(hybrid: bool) -> bool:
             if hybrid:
                 for point in (b"/sys/fs/cgroup", UNIFIED):  # neither unmount nor tmpfs leaks
                     _libc.mount(None, point, None, MS_SLAVE, None)
-                _hide_unified(clean=True)
+                _hide_unified(containers, clean=True)
+                _unified_for = containers
         return _entered
 
 
@@ -185,7 +220,9 @@ def exec_in(ns: Namespace, argv: list[str], env: dict[str, str]) -> Callable[[],
             _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
             _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
             if ns.hybrid:
-                _hide_unified()
+                _hide_unified(1)  # this call's own, for one container
+            if ns.image:
+                idmap.mount_image(ns.image, ns.overlay_target, ns.image_base)
             if ns.overlay_options:
                 mount_overlay(ns.overlay_target, ns.overlay_options)
             os.closerange(3, MAX_FD)  # also Popen's error pipe: exec counts as done

@@ -2,9 +2,9 @@
 
 The recipe (suite, packages, post-steps) is hashed; an image lives in
 ``<image_dir>/<profile>-<hash>/rootfs`` (``<state>/images`` by default) and is rebuilt only
-when the recipe changes. After
-the build its owners are shifted by ``oci.HOST_UID_BASE`` so the per-container user namespace
-sees normal owners, and the tree is only ever used as an overlay lower layer (never written).
+when the recipe changes. After the build its owners are shifted by ``idmap.IMAGE_UID_BASE``;
+each container sees it through an id-mapped mount that shifts them on to its own uid range,
+and the tree is only ever used as an overlay lower layer (never written).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from shellbox.errors import ImageBuildError
-from shellbox.sandbox.oci import HOST_UID_BASE, SANDBOX_UID
+from shellbox.sandbox.idmap import IMAGE_UID_BASE
+from shellbox.sandbox.oci import SANDBOX_UID
 
 Profile = Literal["minimal", "full"]
 RECIPE_VERSION = 4
@@ -99,7 +100,7 @@ def recipe(profile: Profile) -> dict[str, object]:
         "mirrors": list(MIRRORS),
         "packages": sorted(PROFILES[profile]),
         "excludes": list(EXCLUDES),
-        "uid_base": HOST_UID_BASE,
+        "uid_base": IMAGE_UID_BASE,
         "sandbox_uid": SANDBOX_UID,
     }
 
@@ -189,7 +190,7 @@ def build_image(image_dir: Path, profile: Profile, *, out: TextIO) -> Image:
         bar.update(92, "adding the sandbox user")
         _finish_rootfs(rootfs)
         bar.update(95, "shifting ownership into the user namespace")
-        shift_ownership(rootfs, HOST_UID_BASE)
+        shift_ownership(rootfs, IMAGE_UID_BASE)
         (work / "recipe.json").write_text(json.dumps(recipe(profile), indent=2))
         (work / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         os.chmod(work, 0o755)

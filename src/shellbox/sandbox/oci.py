@@ -1,9 +1,9 @@
 """Pure builders for the OCI bundle's ``config.json`` and its seccomp profile.
 
-Every container runs in its own user namespace: container uid 0 is host uid ``HOST_UID_BASE``
-and the sandbox user (1000) is ``HOST_UID_BASE + 1000``. The shared image is stored with its
-owners shifted by the same base (``image.py``), so it looks normal from inside while nothing in
-a container is root on the host.
+Every container runs in its own user namespace over a host uid range of its own
+(``idmap.py``): container uid 0 is host uid ``uid_base`` and the sandbox user (1000) is
+``uid_base + 1000``, so nothing in a container is root on the host, nor the owner of another
+container's files.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, ContainerSpec
+from shellbox.sandbox.idmap import RANGE_SIZE
 
-HOST_UID_BASE = 100_000  # must match image.py's ownership shift
-ID_MAP_SIZE = 65_536
+ID_MAP_SIZE = RANGE_SIZE
 SANDBOX_UID = 1000  # must match agent/protocol.py SANDBOX_UID
 AGENT_DIR = "/opt/shellbox/agent"  # where the agent's source is mounted read-only
 SOCKET_DIR = "/run/shellbox"  # must match agent/protocol.py SOCKET_DIR
@@ -34,10 +34,6 @@ SANDBOX_PATH = "/home/user/.local/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sb
 NOFILE_LIMIT = 4096  # at or below the host's hard limit (20000 here: root lacks CAP_SYS_RESOURCE)
 
 
-def host_uid(container_uid: int) -> int:
-    return HOST_UID_BASE + container_uid
-
-
 def build_config(
     spec: ContainerSpec,
     *,
@@ -46,6 +42,7 @@ def build_config(
     run_dir: Path,
     agent_dir: Path,
     cgroups_path: str,
+    uid_base: int,
     seccomp: Mapping[str, Any] | None,
     seccomp_bpf: bytes | None = None,
     hosts_file: Path | None = None,
@@ -55,7 +52,12 @@ def build_config(
     memory = MEMORY_LIMIT_BYTES[spec.memory_limit]
     period = 100_000
     mounts: list[dict[str, Any]] = [
-        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/proc",
+            "type": "proc",
+            "source": "proc",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
         {
             "destination": "/dev",
             "type": "tmpfs",
@@ -101,43 +103,16 @@ def build_config(
             "source": "tmpfs",
             "options": ["nosuid", "nodev", "mode=1777", f"size={spec.tmp_size_mb}m"],
         },
-        {
-            "destination": "/mnt/data",
-            "type": "bind",
-            "source": str(data_dir),
-            "options": ["rbind", "nosuid", "nodev", "rw"],
-        },
-        {
-            "destination": SOCKET_DIR,
-            "type": "bind",
-            "source": str(run_dir),
-            "options": ["rbind", "nosuid", "nodev", "noexec", "rw"],
-        },
-        {
-            "destination": AGENT_DIR,
-            "type": "bind",
-            "source": str(agent_dir),
-            "options": ["rbind", "nosuid", "nodev", "ro"],
-        },
+        bind_mount(data_dir, "/mnt/data", read_only=False),
+        bind_mount(run_dir, SOCKET_DIR, read_only=False, noexec=True),
+        bind_mount(agent_dir, AGENT_DIR, read_only=True),
     ]
     if hosts_file is not None:
-        mounts.append(
-            {
-                "destination": "/etc/hosts",
-                "type": "bind",
-                "source": str(hosts_file),
-                "options": ["bind", "nosuid", "nodev", "noexec", "ro"],
-            }
-        )
+        mounts.append(bind_mount(hosts_file, "/etc/hosts", read_only=True, noexec=True, file=True))
     for m in spec.mounts:
-        mounts.append(
-            {
-                "destination": m.destination,
-                "type": "bind",
-                "source": str(m.source),
-                "options": ["rbind", "nosuid", "nodev", "ro" if m.read_only else "rw"],
-            }
-        )
+        # Skill indexes and CA bundles are single files.
+        single_file = not m.source.is_dir()
+        mounts.append(bind_mount(m.source, m.destination, read_only=m.read_only, file=single_file))
     namespaces: list[dict[str, str]] = [
         {"type": "pid"},
         {"type": "ipc"},
@@ -182,8 +157,8 @@ def build_config(
         "hostname": "sandbox",
         "mounts": mounts,
         "linux": {
-            "uidMappings": [{"containerID": 0, "hostID": HOST_UID_BASE, "size": ID_MAP_SIZE}],
-            "gidMappings": [{"containerID": 0, "hostID": HOST_UID_BASE, "size": ID_MAP_SIZE}],
+            "uidMappings": [{"containerID": 0, "hostID": uid_base, "size": ID_MAP_SIZE}],
+            "gidMappings": [{"containerID": 0, "hostID": uid_base, "size": ID_MAP_SIZE}],
             "cgroupsPath": cgroups_path,
             "resources": {
                 "memory": {"limit": memory, "swap": memory},
@@ -220,6 +195,28 @@ def build_config(
     return config
 
 
+def bind_mount(
+    source: Path, destination: str, *, read_only: bool, noexec: bool = False, file: bool = False
+) -> dict[str, Any]:
+    """A bind mount that is ``nosuid,nodev`` (and ``noexec`` when asked), with what it holds.
+
+    crun 1.8.1 applies ``nosuid``/``nodev``/``noexec`` to a bind mount only when it is also
+    read-only (it remounts only then); the recursive forms (``rnosuid``..., applied with
+    ``mount_setattr``) take effect in crun and runc alike, on every mount under it too. They
+    need a directory: a single file is bound read-only, which crun does remount.
+    """
+    flags = ["nosuid", "nodev", *(["noexec"] if noexec else [])]
+    if file:
+        if not read_only:
+            msg = f"{destination}: a file is bound read-only only (crun drops its flags)"
+            raise ValueError(msg)
+        options = ["bind", *flags, "ro"]
+    else:
+        access = ["ro", "rro"] if read_only else ["rw"]
+        options = ["rbind", *flags, *(f"r{f}" for f in flags), *access]
+    return {"destination": destination, "type": "bind", "source": str(source), "options": options}
+
+
 def hosts_file_text(hosts: Mapping[str, str]) -> str:
     """``/etc/hosts`` for a container: the image's two lines plus ``name -> address`` entries."""
     lines = ["127.0.0.1\tlocalhost sandbox", "::1\tlocalhost ip6-localhost"]
@@ -229,10 +226,81 @@ def hosts_file_text(hosts: Mapping[str, str]) -> str:
 
 @lru_cache(maxsize=4)
 def load_seccomp(path: Path = DEFAULT_SECCOMP, arch: str = "amd64") -> dict[str, Any] | None:
-    """The Docker/podman default profile, resolved for our capabilities and architecture."""
+    """The Docker/podman default profile, resolved for our capabilities and architecture,
+    then narrowed to what Docker's own profile grants a container without CAP_SYS_ADMIN."""
     if not path.exists():
         return None
-    return convert_seccomp(json.loads(path.read_text()), set(AGENT_CAPABILITIES), arch)
+    profile = convert_seccomp(json.loads(path.read_text()), set(AGENT_CAPABILITIES), arch)
+    return refuse_kernel_surface(profile)
+
+
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |
+# CLONE_NEWNET: Docker's mask for ``clone`` (2114060288). ``unshare`` also takes CLONE_NEWTIME
+# (0x80, the exit-signal byte for ``clone``).
+CLONE_NAMESPACES = 0x7E020000
+UNSHARE_NAMESPACES = CLONE_NAMESPACES | 0x80
+ENOSYS = 38
+EPERM = 1
+# What podman's profile (Debian's /usr/share/containers/seccomp.json) allows but Docker's
+# default refuses a container without CAP_SYS_ADMIN (and without CAP_SYS_PTRACE, CAP_SYSLOG,
+# CAP_SYS_BOOT, CAP_BPF, CAP_PERFMON): a nested user namespace is a full capability set over
+# new mount, network and other namespaces, i.e. most of the kernel's attack surface.
+REFUSED_SYSCALLS = (
+    # namespaces: entered, created (``clone``/``unshare`` keep their flag-less uses, below)
+    "setns",
+    # mounts, old and new API
+    "mount", "umount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick",
+    "move_mount", "open_tree", "mount_setattr",
+    # the kernel keyring (not namespaced), BPF, perf, userfaultfd, file handles
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "open_by_handle_at", "lookup_dcookie", "fanotify_init", "quotactl", "quotactl_fd",
+    # other processes' descriptors, the kernel log, reboot, modules, kexec, swap
+    "pidfd_getfd", "kcmp", "process_madvise", "syslog", "reboot", "init_module",
+    "finit_module", "delete_module", "kexec_load", "kexec_file_load", "swapon", "swapoff",
+    "acct", "sethostname", "setdomainname", "chroot",
+)  # fmt: skip
+
+
+def refuse_kernel_surface(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """Docker's semantics for an unprivileged container on top of a converted profile:
+    ``REFUSED_SYSCALLS`` answer EPERM, ``clone`` and ``unshare`` only without namespace
+    flags, ``clone3`` ENOSYS (its flags sit in memory a filter cannot read; glibc then falls
+    back to ``clone`` for threads and ``posix_spawn``)."""
+    gated = {"clone", "clone3", "unshare", *REFUSED_SYSCALLS}
+    syscalls: list[dict[str, Any]] = []
+    for rule in profile.get("syscalls") or []:
+        names = [n for n in rule["names"] if n not in gated]  # one rule per name, below
+        if names:
+            syscalls.append({**rule, "names": names})
+    syscalls += [
+        {"names": sorted(REFUSED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+        *_only_without_flags("clone", CLONE_NAMESPACES),
+        *_only_without_flags("unshare", UNSHARE_NAMESPACES),
+    ]
+    return {**profile, "syscalls": syscalls}
+
+
+def _only_without_flags(name: str, mask: int) -> list[dict[str, Any]]:
+    """Allowed when no bit of ``mask`` is set in the flags, EPERM (a missing privilege, as
+    for the caller's own kernel) when any is: one rule per bit, so no two rules overlap."""
+
+    def flags(mask: int, equal: int) -> list[dict[str, Any]]:  # (arg0 & value) == valueTwo
+        return [{"index": 0, "value": mask, "valueTwo": equal, "op": "SCMP_CMP_MASKED_EQ"}]
+
+    rules: list[dict[str, Any]] = [
+        {"names": [name], "action": "SCMP_ACT_ALLOW", "args": flags(mask, 0)}
+    ]
+    for bit in (1 << i for i in range(32) if mask >> i & 1):
+        rules.append(
+            {
+                "names": [name],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": EPERM,
+                "args": flags(bit, bit),
+            }
+        )
+    return rules
 
 
 _ARCHES = {"amd64": "SCMP_ARCH_X86_64", "arm64": "SCMP_ARCH_AARCH64"}

@@ -92,7 +92,9 @@ class ContainerService:
         # shutdown), so a crash loses at most one reaper interval of it.
         self._live: dict[str, ContainerRecord] = {}
         self._dirty: set[str] = set()
-        self._creating: dict[str, list[str]] = {}  # project -> memory limits being created
+        # project -> memory limits of creations not yet in the database (once their row is
+        # in, the database counts them: counting them here too refused creates below the cap)
+        self._creating: dict[str, list[str]] = {}
         self._reaper: asyncio.Task[None] | None = None
         # Started containers kept ready, by the network policy type they serve.
         self.pools: dict[str, WarmPool] = {
@@ -157,25 +159,28 @@ class ContainerService:
         # Creations under way count against the caps too, or concurrent ones could pass them.
         pending = self._creating.setdefault(principal.project, [])
         pending.append(req.memory_limit)
-        settled = False
+        counted = False
 
-        def settle() -> None:
+        def in_database() -> None:
             """Stop counting this creation as pending: once its row is in the database (which
             counts it from then on), or when it failed."""
-            nonlocal settled
-            if not settled:
-                settled = True
+            nonlocal counted
+            if not counted:
+                counted = True
                 pending.remove(req.memory_limit)
-                if not pending:
-                    self._creating.pop(principal.project, None)
+                # Dropped as it empties, not in a later ``finally``: by then a newer creation
+                # may have started a fresh list for the project, and dropping that one would
+                # stop counting it against the caps.
+                if not pending and self._creating.get(principal.project) is pending:
+                    del self._creating[principal.project]
 
         try:
-            return await self._create(principal, req, settle)
+            return await self._create(principal, req, in_database)
         finally:
-            settle()
+            in_database()
 
     async def _create(
-        self, principal: Principal, req: CreateContainer, settle: Callable[[], None]
+        self, principal: Principal, req: CreateContainer, in_database: Callable[[], None]
     ) -> ContainerRecord:
         policy_type = (req.network_policy or {}).get("type", "disabled")
         if policy_type not in ("disabled", "allowlist"):
@@ -256,7 +261,7 @@ class ContainerService:
                         deleted=False,
                     )
                 )
-            settle()  # counted twice otherwise, while it starts: a 429 under the cap
+            in_database()  # the row counts against the caps from here on
             if req.file_ids and self.copy_files is not None:
                 await self.copy_files(principal, cid, req.file_ids)
             for start_hook in self.before_start_hooks:
@@ -563,6 +568,10 @@ class ContainerService:
 
     def data_dir(self, cid: str) -> Path:
         return self.runtime.data_dir(cid)
+
+    def host_uid(self, cid: str, container_uid: int) -> int:
+        """Who ``container_uid`` of this container is on the host (each has its own range)."""
+        return self.runtime.host_uid(cid, container_uid)
 
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:

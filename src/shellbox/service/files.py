@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, delete, insert, or_, select, update
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
 from shellbox.ids import new_id
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.service import fs
 from shellbox.service.containers import ContainerService
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
@@ -83,11 +83,14 @@ class FileService:
             msg = f"purpose must be one of {', '.join(FILE_PURPOSES)}"
             raise InvalidRequest(msg, param="purpose")
         _check_size(size, self.settings.limits.upload_max_bytes)
+        name = _safe_basename(filename)
+        # The name becomes a file name in /mnt/data (file_ids): refuse now what would fail then.
+        fs.check_name_limits(name, shown=filename, param="file")
         now = int(time.time())
         record = FileRecord(
             new_id("file-"),
             principal.project,
-            _safe_basename(filename),
+            name,
             purpose,
             size,
             now,
@@ -197,7 +200,7 @@ class FileService:
         records = [self.get_file(principal, fid) for fid in file_ids]
         for record in records:
             await anyio.to_thread.run_sync(
-                self._write, cid, record.filename, self._blob_chunks(record)
+                self._write, cid, record.filename, self._blob_chunks(record), "file_ids"
             )
             self._index_written(cid, record.filename)
 
@@ -208,7 +211,7 @@ class FileService:
         rel = fs.relative_path(filename, param="file")
         async with self.containers.activity(principal, cid, wake=False):
             capped = _capped(chunks, self.settings.limits.upload_max_bytes)
-            await anyio.to_thread.run_sync(self._write, cid, rel, capped)
+            await anyio.to_thread.run_sync(self._write, cid, rel, capped, "file")
             return self._index_written(cid, rel)
 
     async def upload_from_file(
@@ -217,16 +220,17 @@ class FileService:
         async with self.containers.activity(principal, cid, wake=False):
             record = self.get_file(principal, file_id)
             await anyio.to_thread.run_sync(
-                self._write, cid, record.filename, self._blob_chunks(record)
+                self._write, cid, record.filename, self._blob_chunks(record), "file_id"
             )
             return self._index_written(cid, record.filename)
 
     def _blob_chunks(self, record: FileRecord) -> Iterator[bytes]:
         return _read_blob(self._open_blob(record.id))
 
-    def _write(self, cid: str, filename: str, chunks: Iterator[bytes]) -> None:
-        rel = fs.relative_path(filename, param="file")
-        fs.write_file(self.containers.data_dir(cid), rel, chunks, uid=host_uid(SANDBOX_UID))
+    def _write(self, cid: str, filename: str, chunks: Iterator[bytes], param: str) -> None:
+        rel = fs.relative_path(filename, param=param)
+        uid = self.containers.host_uid(cid, SANDBOX_UID)
+        fs.write_file(self.containers.data_dir(cid), rel, chunks, uid=uid, param=param)
 
     def _index_written(self, cid: str, filename: str) -> ContainerFileRecord:
         rel = fs.relative_path(filename, param="file")

@@ -5,6 +5,11 @@ The sandbox controls everything under its data directory, including symlinks tha
 host paths (``/etc/shadow``) or into another container's tree. So every path is opened one
 component at a time from a directory file descriptor with ``O_NOFOLLOW``: a symlink anywhere
 on the way is refused, and a directory swapped for a symlink mid-walk cannot redirect us.
+Where links must be followed (the workspace endpoints, as an SDK sandbox expects), ``resolve``
+follows them as the container would, only while they stay inside, and its answer is then
+opened with the same refusing walk.
+
+Every error a client's path can cause is an InvalidRequest naming the request's field.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest
+from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest, PathOutsideWorkspace
 
 DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
 MAX_SCAN_DEPTH = 64
+NAME_MAX = 255  # bytes in one path component (Linux)
+PATH_MAX = 4096  # bytes in a whole path, its NUL included (Linux)
+MAX_SYMLINKS = 40  # links followed while resolving one path (Linux's own limit)
+MAX_RESOLVE_STEPS = 4096  # directories opened to resolve one path: ~85 ms for a crafted tree
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -44,49 +53,235 @@ def relative_path(path: str, *, param: str = "path") -> str:
     if not parts:
         msg = f"{path!r} names the data directory itself, not a file"
         raise InvalidRequest(msg, param=param)
-    return "/".join(parts)
+    rel = "/".join(parts)
+    check_name_limits(rel, shown=path, param=param)
+    return rel
+
+
+def check_name_limits(rel: str, *, shown: str, param: str) -> None:
+    """Refuse what the kernel would refuse (a name over NAME_MAX bytes, a path over PATH_MAX,
+    text that is not valid UTF-8) before anything touches the disk."""
+    try:
+        encoded = [part.encode() for part in rel.split("/")]
+    except UnicodeEncodeError:
+        msg = f"{shown!r} is not valid UTF-8 text (it holds an unpaired surrogate)"
+        raise InvalidRequest(msg, param=param) from None
+    longest = max(encoded, key=len)
+    if len(longest) > NAME_MAX:
+        msg = (
+            f"the path component {_short(longest)} is {len(longest)} bytes long; a file or "
+            f"directory name may be at most {NAME_MAX} bytes"
+        )
+        raise InvalidRequest(msg, param=param)
+    total = len(DATA_MOUNT) + 1 + sum(len(e) + 1 for e in encoded) - 1
+    if total >= PATH_MAX:
+        msg = f"the path is {total} bytes long; a path may be at most {PATH_MAX - 1} bytes"
+        raise InvalidRequest(msg, param=param)
+
+
+def _short(name: bytes) -> str:
+    text = name.decode(errors="replace")
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+# What a client's path can make the kernel answer; each is the client's to fix, never a 500.
+_PATH_ERRNOS = {
+    errno.ELOOP: "is or goes through a symbolic link; refused",
+    # O_DIRECTORY|O_NOFOLLOW answers ENOTDIR for a symlink on the way, not ELOOP.
+    errno.ENOTDIR: "goes through a symbolic link or something that is not a directory; refused",
+    errno.EISDIR: "is a directory, or became one while it was being written",
+    errno.EEXIST: "changed inside the container while it was being written; try again",
+    errno.ENOTEMPTY: "changed inside the container while it was being written; try again",
+    errno.ENAMETOOLONG: f"has a name over {NAME_MAX} bytes or is too long as a whole",
+    errno.EILSEQ: "is not a name this file system accepts",
+    errno.EINVAL: "is not a name this file system accepts",
+}
+
+
+def path_error(exc: OSError, rel: str, param: str) -> InvalidRequest | None:
+    """The client error for an OSError from a client's path; None for anything else."""
+    reason = _PATH_ERRNOS.get(exc.errno or 0)
+    if reason is None:
+        return None
+    return InvalidRequest(f"{_shown(rel)} {reason}", param=param)
+
+
+def _shown(rel: str) -> str:
+    """``rel`` as messages show it: absolute, and cut short when it is very long."""
+    where = f"{DATA_MOUNT}/{rel}"
+    return where if len(where) <= 200 else f"{where[:200]}..."
 
 
 @contextlib.contextmanager
-def _parent_fd(root: Path, rel: str, *, create: bool = False, uid: int = -1) -> Iterator[int]:
-    """Yield an fd of the directory holding ``rel``'s last component, walked without symlinks."""
-    parts = rel.split("/")
+def _parent_fd(root: Path, rel: str, *, param: str = "path") -> Iterator[int]:
+    """Yield an fd of the directory holding ``rel``'s last component, walked without symlinks.
+
+    An OSError that the path explains (a link or a file on the way, a name the file system
+    refuses), raised here or in the caller's block, becomes an InvalidRequest naming ``param``.
+    """
     fd = os.open(root, _DIR_FLAGS)
     try:
-        for part in parts[:-1]:
-            try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    created = True
-                except FileExistsError:  # the sandbox made it meanwhile: use theirs
-                    created = False
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                if uid >= 0 and created:
-                    os.fchown(nxt, uid, uid)
+        for part in rel.split("/")[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
         yield fd
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            msg = f"{rel!r} goes through a symbolic link or a non-directory; refused"
-            raise InvalidRequest(msg, param="path") from None
-        if exc.errno in (errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY):
-            # The sandbox changed the path while we wrote it (a directory appeared there).
-            msg = f"{rel!r} changed inside the container while it was being written; try again"
-            raise InvalidRequest(msg, param="path") from None
+    except FileNotFoundError:
         raise
+    except OSError as exc:
+        mapped = path_error(exc, rel, param)
+        if mapped is None:
+            raise
+        raise mapped from None
     finally:
         os.close(fd)
 
 
-def open_read(root: Path, rel: str) -> int:
+def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = False) -> str:
+    """``rel`` with each symbolic link on it followed the way a process in the container
+    would follow it, as long as every one stays inside /mnt/data: the result has no links
+    left on it (what is missing at its end is returned as named, for a write to create).
+
+    A link that leads out (to ``/etc/passwd``, ``../..``, another mount) raises
+    PathOutsideWorkspace. A path that leads back to /mnt/data itself is ``""`` with
+    ``allow_root``, a client error otherwise (it is not a file). The answer is only a name:
+    the caller then opens it with the link-refusing walk, so a link planted after this check
+    is refused, never followed.
+    """
+    walk = _Walk(root, param, rel)
+    todo = rel.split("/")[::-1]  # components still to walk, next one last
+    hops = 0
+    try:
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not walk.done:
+                    raise _outside(rel, param)
+                walk.up()
+                continue
+            try:
+                st = os.stat(part, dir_fd=walk.fd(), follow_symlinks=False)
+            except FileNotFoundError:
+                rest = [p for p in reversed(todo) if p not in ("", ".")]
+                if ".." in rest:
+                    msg = f"no directory at {DATA_MOUNT}/{'/'.join([*walk.done, part])}"
+                    raise FileNotFound(msg, param=param) from None
+                return "/".join([*walk.done, part, *rest])
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if hops > MAX_SYMLINKS:
+                    msg = f"{DATA_MOUNT}/{rel} goes through more than {MAX_SYMLINKS} links"
+                    raise InvalidRequest(msg, param=param)
+                target = os.readlink(part, dir_fd=walk.fd())
+                if target.startswith("/"):
+                    inside = _inside_mount(target)
+                    if inside is None:
+                        raise _outside(rel, param)
+                    walk.to_root()
+                    target = inside
+                todo.extend(target.split("/")[::-1])
+                continue
+            if any(p not in ("", ".") for p in todo):
+                if not stat.S_ISDIR(st.st_mode):
+                    msg = f"{DATA_MOUNT}/{'/'.join([*walk.done, part])} is not a directory"
+                    raise InvalidRequest(msg, param=param)
+                walk.down(part)
+            else:
+                walk.done.append(part)
+        if not walk.done and allow_root:
+            return ""
+        if not walk.done:
+            msg = f"{DATA_MOUNT}/{rel} leads to the data directory itself, not a file"
+            raise InvalidRequest(msg, param=param)
+        resolved = "/".join(walk.done)
+        check_name_limits(resolved, shown=rel, param=param)
+        return resolved
+    except OSError as exc:
+        mapped = path_error(exc, rel, param)
+        if mapped is None:
+            raise
+        raise mapped from None
+    finally:
+        walk.close()
+
+
+class _Walk:
+    """Where ``resolve`` is: the directories walked (``done``) and one fd of the last, opened
+    again from the root (lazily) after a ``..``. One directory is open at a time whatever the
+    depth, and every open counts against MAX_RESOLVE_STEPS, so links the sandbox made cannot
+    make one request hold many descriptors or do unbounded work."""
+
+    def __init__(self, root: Path, param: str, rel: str) -> None:
+        self.root = root
+        self.param = param
+        self.rel = rel
+        self.done: list[str] = []
+        self.steps = 0
+        self._fd: int | None = None
+
+    def _open(self, name: str | Path, dir_fd: int | None) -> int:
+        self.steps += 1
+        if self.steps > MAX_RESOLVE_STEPS:
+            msg = f"{DATA_MOUNT}/{self.rel} takes too many steps to resolve (links on links?)"
+            raise InvalidRequest(msg, param=self.param)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+    def fd(self) -> int:
+        if self._fd is None:
+            fd = self._open(self.root, None)
+            try:
+                for part in self.done:
+                    nxt = self._open(part, fd)
+                    os.close(fd)
+                    fd = nxt
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd
+
+    def down(self, part: str) -> None:
+        nxt = self._open(part, self.fd())
+        self.close()
+        self._fd = nxt
+        self.done.append(part)
+
+    def up(self) -> None:
+        self.done.pop()
+        self.close()
+
+    def to_root(self) -> None:
+        self.done.clear()
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _inside_mount(target: str) -> str | None:
+    """An absolute link target as a path relative to /mnt/data, or None if it is not under
+    it (spelled with ``..`` or ``//`` too: refused rather than guessed)."""
+    prefix = DATA_MOUNT + "/"
+    if target.rstrip("/") == DATA_MOUNT:
+        return ""
+    if not target.startswith(prefix):
+        return None
+    return target[len(prefix) :]
+
+
+def _outside(rel: str, param: str) -> PathOutsideWorkspace:
+    msg = f"{_shown(rel)} is or goes through a symbolic link that leads outside {DATA_MOUNT}"
+    return PathOutsideWorkspace(msg, param=param)
+
+
+def open_read(root: Path, rel: str, *, param: str = "path") -> int:
     """An fd for reading the regular file ``rel``; symlinks and special files are refused."""
     try:
-        with _parent_fd(root, rel) as dfd:
+        with _parent_fd(root, rel, param=param) as dfd:
             fd = os.open(
                 rel.rsplit("/", 1)[-1],
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
@@ -94,16 +289,11 @@ def open_read(root: Path, rel: str) -> int:
             )
     except FileNotFoundError:
         msg = f"no file at {DATA_MOUNT}/{rel}"
-        raise FileNotFound(msg) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            msg = f"{DATA_MOUNT}/{rel} is a symbolic link; refused"
-            raise InvalidRequest(msg, param="path") from None
-        raise
+        raise FileNotFound(msg, param=param) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         msg = f"{DATA_MOUNT}/{rel} is not a regular file"
-        raise InvalidRequest(msg, param="path")
+        raise InvalidRequest(msg, param=param)
     os.set_blocking(fd, True)
     return fd
 
@@ -123,62 +313,147 @@ def write_file(
     *,
     uid: int,
     mode: int = 0o644,
-    param: str = "file",
+    param: str = "path",
 ) -> int:
-    """Write (replacing) ``rel`` owned by ``uid``; returns the size. Atomic via rename.
-    Past the container's disk quota: ``DiskQuotaExceeded``, and nothing is left behind."""
-    try:
-        return _write_file(root, rel, chunks, uid=uid, mode=mode)
-    except OSError as exc:
-        if exc.errno not in (errno.EDQUOT, errno.ENOSPC):
-            raise
-        msg = (
-            f"{DATA_MOUNT}/{rel} does not fit: {os.strerror(exc.errno)} (the container's disk "
-            "quota, limits.disk_gb, is used up); delete files in the container, then try again"
-        )
-        raise DiskQuotaExceeded(msg, param=param) from None
+    """Write (replacing) ``rel`` owned by ``uid``, making missing parent directories; returns
+    the size. Atomic via rename.
 
-
-def _write_file(root: Path, rel: str, chunks: Iterator[bytes], *, uid: int, mode: int) -> int:
-    name = rel.rsplit("/", 1)[-1]
+    The bytes go to a temporary file in the deepest directory that already exists, and the
+    missing directories are made only once every byte has arrived: a body that fails (too
+    large, cut off, past the container's disk quota) or a name the file system refuses leaves
+    nothing behind. Past the quota: ``DiskQuotaExceeded`` (413).
+    """
+    parts = rel.split("/")
+    name = parts[-1]
     tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
-    with _parent_fd(root, rel, create=True, uid=uid) as dfd:
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                msg = f"{DATA_MOUNT}/{rel} is a directory"
-                raise InvalidRequest(msg, param="path")
-        except FileNotFoundError:
-            pass
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o644,
-            dir_fd=dfd,
-        )
-        size = 0
-        try:
+    base = os.open(root, _DIR_FLAGS)  # one directory open at a time, however deep the path
+    try:
+        depth = 0
+        for part in parts[:-1]:
             try:
-                for data in chunks:
-                    view = memoryview(data)
-                    while view:  # a write is short when the disk fills; the next one fails
-                        view = view[os.write(fd, view) :]
-                    size += len(data)
-                os.fchown(fd, uid, uid)
-                os.fchmod(fd, mode)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
+            except FileNotFoundError:
+                break
+            os.close(base)
+            base = nxt
+            depth += 1
+        missing = parts[depth:-1]
+        if not missing:
+            _refuse_directory(base, name, rel, param)
+        size = _write_temp(base, tmp, chunks, uid, mode)
+        made: list[int] = []
+        try:
+            target = _make_dirs(base, missing, uid, made)
+            try:
+                os.rename(tmp, name, src_dir_fd=base, dst_dir_fd=target)
             finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # EDQUOT too, when full
+                if target != base:
+                    os.close(target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=dfd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=base)
+            _remove_dirs(base, missing, made)
             raise
+        return size
+    except (FileNotFoundError, InvalidRequest):
+        raise
+    except OSError as exc:
+        # The temporary file's bytes, a directory made or the rename's new entry: any of them
+        # can be what no longer fits.
+        if exc.errno in (errno.EDQUOT, errno.ENOSPC):
+            msg = (
+                f"{_shown(rel)} does not fit: {os.strerror(exc.errno)} (the container's disk "
+                "quota, limits.disk_gb, is used up); delete files in the container, then try "
+                "again"
+            )
+            raise DiskQuotaExceeded(msg, param=param) from None
+        mapped = path_error(exc, rel, param)
+        if mapped is None:
+            raise
+        raise mapped from None
+    finally:
+        os.close(base)
+
+
+def _refuse_directory(dfd: int, name: str, rel: str, param: str) -> None:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        msg = f"{DATA_MOUNT}/{rel} is a directory"
+        raise InvalidRequest(msg, param=param)
+
+
+def _write_temp(dfd: int, tmp: str, chunks: Iterator[bytes], uid: int, mode: int) -> int:
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+    )
+    size = 0
+    try:
+        try:
+            for data in chunks:
+                view = memoryview(data)
+                while view:  # a write is short when the disk fills; the next one fails
+                    view = view[os.write(fd, view) :]
+                size += len(data)
+            os.fchown(fd, uid, uid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):  # the sandbox may have removed it
+            os.unlink(tmp, dir_fd=dfd)
+        raise
     return size
 
 
-def delete(root: Path, rel: str) -> None:
+def _make_dirs(base: int, names: list[str], uid: int, made: list[int]) -> int:
+    """Make ``names`` as a chain under ``base``; returns an fd of the last (``base`` itself
+    for none). ``made`` gets the indexes of the ones this call created, for ``_remove_dirs``."""
+    fd = base
     try:
-        with _parent_fd(root, rel) as dfd:
+        for i, part in enumerate(names):
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made.append(i)
+            except FileExistsError:  # the sandbox made it meanwhile: use theirs
+                pass
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            if fd != base:
+                os.close(fd)
+            fd = nxt
+            if made and made[-1] == i:
+                os.fchown(fd, uid, uid)
+    except BaseException:
+        if fd != base:
+            os.close(fd)
+        raise
+    return fd
+
+
+def _remove_dirs(base: int, names: list[str], made: list[int]) -> None:
+    """Remove the directories ``_make_dirs`` created, deepest first, after a failure; one the
+    sandbox has put something in meanwhile stays (and so do those above it)."""
+    for i in reversed(made):
+        fd = base
+        try:
+            for part in names[:i]:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if fd != base:
+                    os.close(fd)
+                fd = nxt
+            os.rmdir(names[i], dir_fd=fd)
+        except OSError:
+            return
+        finally:
+            if fd != base:
+                os.close(fd)
+
+
+def delete(root: Path, rel: str, *, param: str = "path") -> None:
+    try:
+        with _parent_fd(root, rel, param=param) as dfd:
             os.unlink(rel.rsplit("/", 1)[-1], dir_fd=dfd)
     except FileNotFoundError:
         msg = f"no file at {DATA_MOUNT}/{rel}"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound
 from shellbox.ids import new_id
@@ -18,8 +19,8 @@ from shellbox.store import Database
 from shellbox.store.tables import api_keys
 
 KEY_PREFIX = "sk-shellbox-"
-OPEN_PROJECT = "default"  # the project of every caller while no key exists (loopback only)
-MAX_CACHED_KEYS = 10_000
+OPEN_PROJECT = "default"  # every caller's project in open mode (see KeyService)
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class ApiKey:
         return cls(row["id"], row["project"], row["prefix"], row["created_at"], row["revoked_at"])
 
 
+# Built once: on every request's path, and building the expression costs as much as running it.
+_BY_HASH = select(api_keys.c.id, api_keys.c.project, api_keys.c.revoked_at).where(
+    api_keys.c.key_hash == bindparam("key_hash")
+)
+
+
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -42,16 +49,21 @@ def _hash(token: str) -> str:
 class KeyService:
     """Creates, lists, revokes and checks keys.
 
-    Checking a key is on every request's path, so a key found valid is remembered for
-    ``cache_s`` seconds (default 1): a revocation, made by ``shellbox keys revoke`` in another
-    process, takes effect within that time. Unknown keys are never remembered.
+    Every request looks its key up in the store (one indexed read): a key made or revoked by
+    ``shellbox keys`` in another process counts from the next request, with no cache to wait
+    out.
+
+    Open mode (any bearer token is project ``default``) exists only for a server that binds a
+    loopback address (``open_allowed``), hears from a loopback peer, and whose store has never
+    held a key. Revoked keys keep their rows, so "never had a key" is a stored fact: revoking
+    the last key closes the server for good instead of reopening it, and a key created while
+    the server runs closes open mode at the next request.
     """
 
-    def __init__(self, db: Database, *, cache_s: float = 1.0) -> None:
+    def __init__(self, db: Database, *, open_allowed: bool = False) -> None:
         self.db = db
-        self.cache_s = cache_s
-        self._valid: dict[str, tuple[float, Principal]] = {}  # key hash -> (checked at, who)
-        self._open_until = 0.0  # while monotonic() < this, no key exists (open mode)
+        self.open_allowed = open_allowed
+        self._ever_keyed = False  # latches: rows are never deleted, so it never goes back
 
     def create(self, project: str) -> tuple[ApiKey, str]:
         project = project.strip()
@@ -70,7 +82,7 @@ class KeyService:
                     created_at=key.created_at,
                 )
             )
-        self._open_until = 0.0
+        self._ever_keyed = True
         return key, token
 
     def list(self) -> list[ApiKey]:
@@ -89,7 +101,6 @@ class KeyService:
                 msg = f"no active key with id {key_id!r}"
                 raise NotFound(msg)
             row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).one()
-        self._valid.clear()
         return ApiKey.from_row(row._mapping)
 
     def any_active(self) -> bool:
@@ -99,8 +110,16 @@ class KeyService:
             ).scalar()
         return bool(n)
 
-    def authenticate(self, token: str | None) -> Principal:
-        """The caller's project from the token of an ``Authorization: Bearer <key>`` header."""
+    def ever_had_key(self) -> bool:
+        """Whether the store holds any key, active or revoked."""
+        if not self._ever_keyed:
+            with self.db.connect() as conn:
+                self._ever_keyed = conn.execute(select(api_keys.c.seq).limit(1)).first() is not None
+        return self._ever_keyed
+
+    def authenticate(self, token: str | None, peer: str | None = None) -> Principal:
+        """The caller's project from the token of an ``Authorization: Bearer <key>`` header;
+        ``peer`` is the caller's address (open mode answers loopback peers only)."""
         token = (token or "").strip()
         if not token:
             msg = (
@@ -108,32 +127,32 @@ class KeyService:
                 "(create one with `shellbox keys create --project NAME`)"
             )
             raise AuthenticationFailed(msg)
-        now = time.monotonic()
-        if now < self._open_until:
+        if self.open_allowed and peer is not None and is_loopback(peer) and not self.ever_had_key():
             return Principal(OPEN_PROJECT)
-        digest = _hash(token)
-        hit = self._valid.get(digest)
-        if hit is not None and now - hit[0] < self.cache_s:
-            return hit[1]
-        principal = self._lookup(token, digest)
-        if principal.key_id is not None:
-            if len(self._valid) > MAX_CACHED_KEYS:
-                self._valid.clear()
-            self._valid[digest] = (now, principal)
-        else:
-            self._open_until = now + self.cache_s
-        return principal
-
-    def _lookup(self, token: str, digest: str) -> Principal:
         with self.db.connect() as conn:
-            row = conn.execute(
-                select(api_keys.c.id, api_keys.c.project, api_keys.c.revoked_at).where(
-                    api_keys.c.key_hash == digest
-                )
-            ).first()
+            row = conn.execute(_BY_HASH, {"key_hash": _hash(token)}).first()
         if row is not None and row.revoked_at is None:
             return Principal(row.project, row.id)
-        if row is None and token and not self.any_active():
-            return Principal(OPEN_PROJECT)
-        msg = "invalid API key: it is unknown or has been revoked"
+        msg = (
+            "invalid API key: it has been revoked"
+            if row is not None
+            else "invalid API key: it is unknown or has been revoked"
+        )
+        if not self.any_active():
+            # An operator who revoked every key sees why nothing works, and what to do.
+            msg += (
+                "; this server has no active API key: create one with "
+                "`shellbox keys create --project NAME` and send it as "
+                "'Authorization: Bearer <key>'"
+            )
         raise AuthenticationFailed(msg)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, as bound or as a peer) is this machine only."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

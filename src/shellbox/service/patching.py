@@ -23,12 +23,11 @@ from typing import Any
 from shellbox.errors import FileNotFound, InvalidRequest
 from shellbox.ids import new_id
 from shellbox.patch import PatchError, PatchOperation, apply_diff, operation_from_dict, parse_patch
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.service import fs
 from shellbox.service.models import Principal
 
 R, W, X = 4, 2, 1
-SANDBOX_HOST_UID = host_uid(SANDBOX_UID)
 MAX_PATCH_FILE_BYTES = 64 << 20
 
 
@@ -36,11 +35,11 @@ class OperationFailed(Exception):
     """One operation cannot be applied; the message is written for the model."""
 
 
-def _may(st: os.stat_result, want: int) -> bool:
-    """Would uid/gid 1000 inside the sandbox get ``want`` access to this inode?"""
-    if st.st_uid == SANDBOX_HOST_UID:
+def _may(st: os.stat_result, want: int, uid: int) -> bool:
+    """Would uid/gid 1000 inside the sandbox (host ``uid``) get ``want`` access to this inode?"""
+    if st.st_uid == uid:
         bits = (st.st_mode >> 6) & 7
-    elif st.st_gid == SANDBOX_HOST_UID:
+    elif st.st_gid == uid:
         bits = (st.st_mode >> 3) & 7
     else:
         bits = st.st_mode & 7
@@ -56,8 +55,9 @@ class _Original:
 class Workspace:
     """The files of one container's data directory, as one patch call sees them."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, uid: int) -> None:
         self.root = root
+        self.uid = uid  # the host uid of the container's sandbox user
         self.pending: dict[str, str | None] = {}  # rel -> new text, None = delete
         self.modes: dict[str, int] = {}
         self.originals: dict[str, _Original] = {}
@@ -83,7 +83,7 @@ class Workspace:
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
                 msg = f"/mnt/data/{d} is not a directory (or is a symbolic link)"
                 raise OperationFailed(msg)
-            if not _may(st, W | X):
+            if not _may(st, W | X, self.uid):
                 msg = f"permission denied: the sandbox user cannot write in /mnt/data/{d or ''}"
                 raise OperationFailed(msg.rstrip("/"))
             return
@@ -109,7 +109,7 @@ class Workspace:
             raise OperationFailed(exc.message) from None
         try:
             st = os.fstat(fd)
-            if not _may(st, R) or (for_write and not _may(st, W)):
+            if not _may(st, R, self.uid) or (for_write and not _may(st, W, self.uid)):
                 what = "write" if for_write else "read"
                 msg = f"permission denied: the sandbox user cannot {what} /mnt/data/{rel}"
                 raise OperationFailed(msg)
@@ -148,7 +148,7 @@ class Workspace:
                         self.root,
                         rel,
                         iter([text.encode()]),
-                        uid=SANDBOX_HOST_UID,
+                        uid=self.uid,
                         mode=self.modes.get(rel, 0o644),
                     )
                 done.append(rel)
@@ -163,7 +163,7 @@ class Workspace:
                             self.root,
                             rel,
                             iter([orig.content]),
-                            uid=SANDBOX_HOST_UID,
+                            uid=self.uid,
                             mode=orig.mode,
                         )
                 except (OSError, InvalidRequest, FileNotFound):
@@ -236,9 +236,10 @@ def _apply_one(ws: Workspace, op: PatchOperation) -> str:
     return f"Updated {shown}"
 
 
-def apply_operations(root: Path, ops: list[PatchOperation]) -> tuple[bool, str]:
-    """Apply all or nothing; returns (completed, output text)."""
-    ws = Workspace(root)
+def apply_operations(root: Path, uid: int, ops: list[PatchOperation]) -> tuple[bool, str]:
+    """Apply all or nothing, as host ``uid`` (the container's sandbox user); returns
+    (completed, output text)."""
+    ws = Workspace(root, uid)
     lines = []
     for index, op in enumerate(ops, start=1):
         try:
@@ -284,6 +285,7 @@ class PatchService:
         ops = operations_from_item(item)
         call_id = item.get("call_id") or item.get("id") or new_id("call_")
         async with self.containers.activity(principal, cid):
-            completed, output = apply_operations(self.containers.data_dir(cid), ops)
+            root, uid = self.containers.data_dir(cid), self.containers.host_uid(cid, SANDBOX_UID)
+            completed, output = apply_operations(root, uid, ops)
             await self.files.sync(cid)
         return apply_patch_output(str(call_id), completed, output)

@@ -1,7 +1,10 @@
 """A container's ``/mnt/data`` addressed by path, for SDK sandbox providers: read and write one
 file, and move the whole tree (or a directory of it) in and out as a tar stream.
 
-Files are read and written on the host through the symlink-proof ``fs`` helpers. Archives are
+Files are read and written on the host through the symlink-proof ``fs`` helpers. A symbolic
+link on a file's path is followed as the container would follow it while it stays inside
+/mnt/data (what an SDK sandbox expects of a workspace), and refused with
+``path_outside_workspace`` when it leads out. Archives are
 never built or unpacked on the host: ``tar`` runs inside the container as the sandbox user, on
 a temporary file in ``/mnt/data`` that the host writes or reads with the same helpers. A
 hostile archive (absolute names, ``..``, symlinks pointing out) can therefore only do what
@@ -29,7 +32,7 @@ from shellbox.errors import (
 )
 from shellbox.ids import new_id
 from shellbox.sandbox.base import CommandFinished, CommandResult, ExecRequest
-from shellbox.sandbox.oci import SANDBOX_UID, host_uid
+from shellbox.sandbox.oci import SANDBOX_UID
 from shellbox.service import fs
 from shellbox.service.containers import LIVE, ContainerService
 from shellbox.service.models import ContainerRecord, Principal
@@ -118,21 +121,37 @@ class WorkspaceService:
 
     # -- single files -----------------------------------------------------------------------
 
-    def read(
+    async def read(
         self, principal: Principal, cid: str, path: str, max_bytes: int | None = None
     ) -> Iterator[bytes]:
         self._live(principal, cid)
+        root = self.containers.data_dir(cid)
         rel = fs.relative_path(path)
-        fd = fs.open_read(self.containers.data_dir(cid), rel)
+
+        def open_file() -> int:
+            return fs.open_read(root, fs.resolve(root, rel))
+
+        fd = await anyio.to_thread.run_sync(open_file)
         self.containers.touch(cid)
         return _limited(fs.read_chunks(fd), max_bytes)
+
+    async def resolve(self, principal: Principal, cid: str, path: str) -> str:
+        """Where ``path`` leads with its symbolic links followed (absolute, in the container);
+        PathOutsideWorkspace if a link on it leads out of /mnt/data."""
+        self._live(principal, cid)
+        root, rel = self.containers.data_dir(cid), fs.relative_path(path)
+        # In a worker thread, like every resolve: links the sandbox made may make it walk
+        # thousands of directories, which must not stall the event loop.
+        resolved = await anyio.to_thread.run_sync(lambda: fs.resolve(root, rel, allow_root=True))
+        return _absolute(resolved)
 
     async def write(
         self, principal: Principal, cid: str, path: str, body: AsyncIterator[bytes]
     ) -> tuple[str, int]:
         """Replace (or create, with parent directories) one file; returns (path, size)."""
         self._live(principal, cid)
-        rel = fs.relative_path(path)
+        root = self.containers.data_dir(cid)
+        rel = await anyio.to_thread.run_sync(fs.resolve, root, fs.relative_path(path))
         size = await self._receive(cid, rel, body)
         self.containers.touch(cid)
         return f"{fs.DATA_MOUNT}/{rel}", size
@@ -140,10 +159,11 @@ class WorkspaceService:
     async def _receive(self, cid: str, rel: str, body: AsyncIterator[bytes]) -> int:
         root = self.containers.data_dir(cid)
         cap = self.upload_max_bytes
+        uid = self.containers.host_uid(cid, SANDBOX_UID)
 
         def write() -> int:
             chunks = _capped(_pull(body), cap)
-            return fs.write_file(root, rel, chunks, uid=host_uid(SANDBOX_UID), param="path")
+            return fs.write_file(root, rel, chunks, uid=uid)
 
         return await anyio.to_thread.run_sync(write)
 

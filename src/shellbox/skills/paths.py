@@ -10,9 +10,9 @@
         inline/<name>/                that container's inline skills, gone with it
 
 Everything is owned by host root. Files are 0644 (0755 when executable) and folders 0755, so
-the sandbox user (host uid 101000, no relation to root) can read but not write them; the
-folders above are 0711: the container's root must traverse them to bind-mount, nobody needs
-to list them.
+the sandbox user (uid 1000 of its container's own host uid range, no relation to root) can
+read but not write them; the folders above are 0711: the container's root must traverse them
+to bind-mount, nobody needs to list them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,9 @@ from shellbox.errors import InvalidRequest
 from shellbox.store.tables import metadata
 
 Order = Literal["asc", "desc"]
+log = logging.getLogger("shellbox.store")
+PRIVATE_DIR = "private"  # must match settings.py
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -94,12 +100,38 @@ def check_url(raw: str) -> URL:
     return url
 
 
+def secure_sqlite_files(path: Path) -> None:
+    """The database (API key hashes, sealed secrets) is for root only: the file and its WAL
+    and shared-memory files 0600 (SQLite gives those the database file's mode, so it is
+    created 0600 before SQLite opens it), the default ``private`` directory 0700.
+
+    The default database used to be ``<state_dir>/shellbox.db``, in a directory containers
+    must traverse: found there, it is moved into ``<state_dir>/private``."""
+    parent = path.parent
+    if parent.name == PRIVATE_DIR:
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(parent, 0o700)
+        legacy = parent.parent / path.name
+        if legacy.exists() and not path.exists():
+            for suffix in ("", *SQLITE_SIDE_FILES):
+                old = Path(f"{legacy}{suffix}")
+                if old.exists():
+                    os.replace(old, f"{path}{suffix}")
+            log.info("moved the database from %s to %s", legacy, path)
+    else:
+        parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for suffix in ("", *SQLITE_SIDE_FILES):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
+
+
 def create_database(raw_url: str) -> Database:
     url = check_url(raw_url)
     if url.drivername in SQLITE_DRIVERS:
         memory = url.database in (None, "", ":memory:")
         if not memory:
-            Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
+            secure_sqlite_files(Path(url.database or ""))
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},

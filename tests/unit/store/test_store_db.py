@@ -37,7 +37,7 @@ def _add_files(db, n: int, project: str = "p") -> list[str]:
 def test_sqlite_default_path_wal_and_persistence(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "state")
     url = settings.database_url()
-    assert url == f"sqlite:///{tmp_path / 'state' / 'shellbox.db'}"
+    assert url == f"sqlite:///{tmp_path / 'state' / 'private' / 'shellbox.db'}"
     db = create_database(url)  # creates the parent directory and the tables
     with db.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
@@ -47,6 +47,40 @@ def test_sqlite_default_path_wal_and_persistence(tmp_path: Path) -> None:
     page = again.page(files, [files.c.project == "p"], after=None, limit=10, order="asc")
     assert [r["id"] for r in page.rows] == ids and not page.has_more
     again.dispose()
+
+
+def test_sqlite_files_are_for_root_only(tmp_path: Path) -> None:
+    """The database, its WAL and shared memory 0600 from their first byte, in a 0700
+    directory (the state directory itself must stay traversable for the containers)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o711)
+    settings = Settings(state_dir=state)
+    db = create_database(settings.database_url())
+    _add_files(db, 3)
+    private = state / "private"
+    files_made = sorted(p.name for p in private.iterdir())
+    assert files_made == ["shellbox.db", "shellbox.db-shm", "shellbox.db-wal"], files_made
+    for p in private.iterdir():
+        assert p.stat().st_mode & 0o777 == 0o600, p
+    assert private.stat().st_mode & 0o777 == 0o700
+    db.dispose()
+
+
+def test_a_database_at_the_old_default_path_is_moved_in(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    old = create_database(f"sqlite:///{state / 'shellbox.db'}")
+    ids = _add_files(old, 2)  # left in the WAL: the WAL must move along
+    assert (state / "shellbox.db-wal").stat().st_size > 0
+    with old.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        (state / "shellbox.db").chmod(0o644)
+        moved = create_database(Settings(state_dir=state).database_url())
+        page = moved.page(files, [files.c.project == "p"], after=None, limit=10, order="asc")
+    assert [r["id"] for r in page.rows] == ids
+    assert not (state / "shellbox.db").exists()
+    assert (state / "private" / "shellbox.db").stat().st_mode & 0o777 == 0o600
+    moved.dispose()
+    old.dispose()
 
 
 def test_page_cursor_rules() -> None:

@@ -6,11 +6,12 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.json_body import read_json_object
 from shellbox.errors import InvalidRequest, ShellboxError
 from shellbox.service.containers import CreateContainer
 
@@ -67,16 +68,34 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-@router.post("/{container_id}/calls")
+CALL_ITEM = "one tool-call item"
+CALL_BODY: dict[str, Any] = {  # the body is read by hand (json_body.py): describe it here
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": True,
+                    "description": "one tool-call item as a model emits it",
+                }
+            }
+        },
+    }
+}
+
+
+@router.post("/{container_id}/calls", openapi_extra=CALL_BODY)
 async def create_call(
     container_id: str,
     principal: PrincipalDep,
     services: ServicesDep,
-    item: Annotated[dict[str, Any], Body(description="one tool-call item as a model emits it")],
+    request: Request,
     stream: Annotated[bool, Query(description="answer with server-sent events")] = False,
 ) -> Any:
     """Run one ``shell_call``, ``local_shell_call`` or ``apply_patch_call`` item; returns the
     matching output item (or, with ``?stream=true``, SSE events ending with that item)."""
+    item = await read_json_object(request, what=CALL_ITEM)
     if not stream:
         return JSONResponse(await services.calls.call(principal, container_id, item))
     if item.get("type") != "shell_call":

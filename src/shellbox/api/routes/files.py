@@ -29,11 +29,16 @@ def _chunks(upload: StarletteUploadFile) -> Iterator[bytes]:
 async def _form(request: Request) -> Any:
     try:
         return await request.form(max_files=1, max_fields=20)
-    except StarletteHTTPException:
-        raise  # the body size cap's 413
+    except StarletteHTTPException as exc:
+        if exc.status_code == 413:
+            raise  # the body size cap's 413
+        # Starlette's own 400 for a part it cannot parse (a part header over its size limit,
+        # e.g. a file name of thousands of bytes): the same client mistake as below.
+        msg = f"could not parse the multipart body ({exc.detail}); check the 'file' part"
+        raise InvalidRequest(msg, param="file") from None
     except Exception as exc:  # malformed multipart bodies are the client's mistake
         msg = f"could not parse the multipart body: {exc}"
-        raise InvalidRequest(msg) from None
+        raise InvalidRequest(msg, param="file") from None
 
 
 @router.post("/files")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Security
+from fastapi import APIRouter, Body, Depends, Header, Request, Security
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from shellbox.api.deps import ServicesDep, bearer_auth
+from shellbox.api.deps import ServicesDep, bearer_auth, peer_host
 from shellbox.api.routes.responses import SSE_HEADERS, responses_service
 from shellbox.errors import ShellboxError
 from shellbox.responses import messages
@@ -25,12 +25,13 @@ router = APIRouter(tags=["messages"])
 
 
 def principal_from_either_header(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_auth)],
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
     token = credentials.credentials if credentials else x_api_key
-    return services.keys.authenticate(token)
+    return services.keys.authenticate(token, peer_host(request))
 
 
 AnthropicPrincipal = Annotated[Principal, Depends(principal_from_either_header)]

@@ -36,8 +36,19 @@ async def read_file(
     max_bytes: Annotated[int | None, Query(ge=1, description="return at most this many")] = None,
 ) -> StreamingResponse:
     """The bytes of one regular file (symbolic links are refused)."""
-    chunks = _workspace(services).read(principal, container_id, path, max_bytes)
+    chunks = await _workspace(services).read(principal, container_id, path, max_bytes)
     return StreamingResponse(chunks, media_type="application/octet-stream")
+
+
+@router.get("/path")
+async def resolve_path(
+    container_id: str, principal: PrincipalDep, services: ServicesDep, path: PathQuery
+) -> JSONResponse:
+    """Where the path leads once its symbolic links are followed, as long as they stay inside
+    /mnt/data; a link that leads out is a 400 with code ``path_outside_workspace``. (What an
+    SDK sandbox checks before it lists, moves or removes a path with a command.)"""
+    where = await _workspace(services).resolve(principal, container_id, path)
+    return JSONResponse({"object": "container.workspace.path", "path": where})
 
 
 @router.put("/file")

@@ -9,7 +9,10 @@ The workspace root is the container's ``/mnt/data``: a manifest that keeps the S
 root (``/workspace``) is moved there, and other roots must lie under it. Commands run as the
 sandbox user (uid 1000, no sudo) through the calls endpoint; files are read and written, and
 the workspace persisted and hydrated as tar, through the server's workspace endpoints, so
-path checks and archive extraction happen on the server side of the sandbox boundary.
+path checks and archive extraction happen on the server side of the sandbox boundary. The
+server follows a symbolic link that stays inside /mnt/data (a write goes to its target, as
+with the SDK's Docker provider) and refuses one that leads out; that refusal is raised here
+as ``InvalidManifestPathError``, the SDK's error for a path escaping the workspace.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import openai
 from agents.sandbox.errors import (
     ExecTimeoutError,
     ExecTransportError,
+    InvalidManifestPathError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
@@ -44,6 +48,7 @@ from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tar_byt
 from pydantic import Field
 
 from shellbox.client import AsyncShellbox, NotFoundError, ShellboxClientError
+from shellbox.client.errors import APIStatusError
 
 log = logging.getLogger("shellbox.integrations.agents")
 
@@ -57,6 +62,8 @@ UNBOUNDED_TIMEOUT_MS = 24 * 60 * 60 * 1000
 EXEC_MAX_OUTPUT_LENGTH = 65_536
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 LIVE_STATUSES = ("running", "sleeping")  # a sleeping container wakes on its next call
+# The server's error code for a path whose symbolic links lead out of /mnt/data.
+PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
 
 MemoryLimit = Literal["1g", "4g", "16g", "64g"]
 
@@ -110,6 +117,15 @@ def _data_relative(path: Path | PurePosixPath) -> str:
     """``path`` relative to /mnt/data ('' for /mnt/data itself); outside it: ValueError."""
     rel = PurePosixPath(path.as_posix()).relative_to(DATA_ROOT)
     return "" if str(rel) == "." else rel.as_posix()
+
+
+def _raise_if_outside(path: Path | str, exc: ShellboxClientError) -> None:
+    """The SDK's error for a path that escapes the workspace (as its Docker provider raises
+    for a symbolic link that leads out), when the server refused the path for that reason."""
+    if isinstance(exc, APIStatusError) and exc.code == PATH_OUTSIDE_WORKSPACE:
+        raise InvalidManifestPathError(
+            rel=Path(path).as_posix(), reason="escape_root", context={"detail": exc.message}
+        ) from exc
 
 
 def _user_name(user: str | User | None) -> str | None:
@@ -247,6 +263,25 @@ class ShellboxSandboxSession(BaseSandboxSession):
                 raise WorkspaceArchiveWriteError(path=path, context=context) from None
             raise WorkspaceArchiveReadError(path=path, context=context) from None
 
+    async def _validate_path_access(self, path: Path | str, *, for_write: bool = False) -> Path:
+        """The SDK's check before a command (ls, mkdir, rm, mv) touches ``path``: the server
+        follows its symbolic links, and one that leads out of the workspace is refused with
+        InvalidManifestPathError, as the SDK's Docker provider does. The path returned is the
+        one asked for, so a leaf link is still removed or moved as a link."""
+        workspace_path = self.normalize_path(path, for_write=for_write)
+        try:
+            rel = _data_relative(workspace_path)
+        except ValueError:
+            return workspace_path  # an extra path grant: outside what the server serves
+        if rel:
+            try:
+                await self._api.workspace.resolve(self.state.container_id, rel)
+            except ShellboxClientError as exc:
+                _raise_if_outside(path, exc)
+                error = WorkspaceArchiveWriteError if for_write else WorkspaceArchiveReadError
+                raise error(path=workspace_path, context={"detail": str(exc)}, cause=exc) from exc
+        return workspace_path
+
     def _check_user(self, user: str | User | None) -> None:
         name = _user_name(user)
         if name is not None and name not in SANDBOX_USERS:
@@ -261,7 +296,8 @@ class ShellboxSandboxSession(BaseSandboxSession):
 
     async def _read(self, path: Path, *, user: str | User | None, max_bytes: int | None) -> bytes:
         self._check_user(user)
-        workspace_path = await self._validate_path_access(path)
+        # The server follows or refuses the links on the path itself: no round trip first.
+        workspace_path = self.normalize_path(path)
         rel = self._rel(workspace_path, for_write=False)
         try:
             return await self._api.workspace.read(self.state.container_id, rel, max_bytes=max_bytes)
@@ -272,6 +308,7 @@ class ShellboxSandboxSession(BaseSandboxSession):
                 path=Path(path), context={"detail": exc.message}, cause=exc
             ) from exc
         except ShellboxClientError as exc:
+            _raise_if_outside(path, exc)
             raise WorkspaceArchiveReadError(
                 path=Path(path), context={"detail": str(exc)}, cause=exc
             ) from exc
@@ -283,11 +320,12 @@ class ShellboxSandboxSession(BaseSandboxSession):
             payload = payload.encode("utf-8")
         if not isinstance(payload, bytes | bytearray):
             raise WorkspaceWriteTypeError(path=Path(path), actual_type=type(payload).__name__)
-        workspace_path = await self._validate_path_access(path, for_write=True)
+        workspace_path = self.normalize_path(path, for_write=True)  # the server checks links
         rel = self._rel(workspace_path, for_write=True)
         try:
             await self._api.workspace.write(self.state.container_id, rel, bytes(payload))
         except ShellboxClientError as exc:
+            _raise_if_outside(path, exc)
             raise WorkspaceArchiveWriteError(
                 path=workspace_path, context={"detail": str(exc)}, cause=exc
             ) from exc

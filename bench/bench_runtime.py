@@ -1,6 +1,7 @@
 """Sandbox runtime benchmark: container start, command round trip, concurrency, idle memory.
 
     .venv/bin/python bench/bench_runtime.py [--quick] [--binary crun|runc] [--profile P]
+        [--storage btrfs|none]
 
 Prints a table (medians, p90, the target beside each number, ratios against the baselines)
 and writes ``bench/results/runtime.json`` (``runtime-runc.json`` for runc,
@@ -85,6 +86,17 @@ async def bench_create(rt: OciRuntime, n: int, gap_s: float) -> list[float]:
         await rt.destroy(cid)
         await asyncio.sleep(gap_s)
     return out
+
+
+async def bench_disk(rt: OciRuntime, n: int) -> tuple[list[float], list[float]]:
+    """``create`` alone (the disk with its quota, the container directory) and ``destroy``
+    of a container never started: what the storage adds to a container's life."""
+    created, destroyed = [], []
+    for i in range(n):
+        cid = f"bench-disk-{i}"
+        created.append(await timed(lambda cid=cid: rt.create(ContainerSpec(id=cid))))
+        destroyed.append(await timed(lambda cid=cid: rt.destroy(cid)))
+    return created, destroyed
 
 
 async def bench_agent_rt(rt: OciRuntime, cid: str, n: int, gap_s: float) -> list[float]:
@@ -217,6 +229,12 @@ async def main() -> int:
     parser.add_argument(
         "--profile", choices=["default", "minimal"], default="default", help="sandbox image"
     )
+    parser.add_argument(
+        "--storage",
+        choices=["btrfs", "none"],
+        default="btrfs",
+        help="containers' disks: btrfs subvolumes with a quota, or plain directories",
+    )
     args = parser.parse_args()
     n_cold, n_rt, n_sparse, n_exec = (8, 100, 10, 20) if args.quick else (30, 400, 40, 60)
 
@@ -229,6 +247,7 @@ async def main() -> int:
             "type": args.binary,
             "image_profile": args.profile,
         },
+        storage={"backend": args.storage},
     )
     rt = create_runtime(settings)
     results: dict[str, Any] = {
@@ -239,6 +258,7 @@ async def main() -> int:
             "loadavg": os.getloadavg(),
             "binary": args.binary,
             "image": rt.image_rootfs.parent.name,
+            "storage": args.storage,
             "cgroups": rt.cgroups.mode.value,
         }
     }
@@ -246,6 +266,7 @@ async def main() -> int:
         # Warm-up: the first start compiles and caches the seccomp filter.
         await bench_create(rt, 2, 0.0)
         cold = await bench_create(rt, n_cold, 0.2)
+        disk_create, disk_destroy = await bench_disk(rt, n_rt // 4)
         cid = "bench-rt"
         await rt.create(ContainerSpec(id=cid))
         await rt.start(cid)
@@ -267,6 +288,8 @@ async def main() -> int:
     results.update(
         {
             "create_to_first_result_ms": summary(cold),
+            "create_only_ms": summary(disk_create),
+            "destroy_unstarted_ms": summary(disk_destroy),
             "agent_true_rt_ms": summary(agent_rt),
             "agent_true_rt_spaced_ms": summary(agent_sparse),
             "subprocess_true_ms": summary(sub),
@@ -278,7 +301,8 @@ async def main() -> int:
             "targets": TARGETS,
         }
     )
-    suffix = "".join(f"-{x}" for x in (args.binary, args.profile) if x not in ("crun", "default"))
+    parts = (args.binary, args.profile, args.storage)
+    suffix = "".join(f"-{x}" for x in parts if x not in ("crun", "default", "btrfs"))
     out = RESULTS.with_name(f"runtime{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
@@ -286,12 +310,15 @@ async def main() -> int:
     rt_p50 = results["agent_true_rt_ms"]["p50"]
     print(
         f"shellbox runtime benchmark ({args.binary}, image {args.profile}, "
+        f"storage {args.storage}, "
         f"cgroups {rt.cgroups.mode.value}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})"
     )
     print(f"{'measure':44s} {'p50':>8s} {'p90':>8s}   target / note")
     rows = [
         ("cold create -> first echo result (ms)", cold, "p50 <= 25 ms"),
+        ("create() alone: disk, quota, directory (ms)", disk_create, ""),
+        ("destroy() of an unstarted container (ms)", disk_destroy, ""),
         ("true via agent, back to back (ms)", agent_rt, "p50 <= 2 ms"),
         ("true via agent, 200 ms apart (ms)", agent_sparse, ""),
         ("subprocess.run(['true']) on the host (ms)", sub, "baseline"),

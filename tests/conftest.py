@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
+from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
 from shellbox.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +34,7 @@ def make_state_dir(prefix: str = "shellbox-test-") -> Path:
 def state_dir() -> Iterator[Path]:
     path = make_state_dir()
     yield path
+    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
     shutil.rmtree(path, ignore_errors=True)
     # and the runtime's volatile directory for it (OCI state, sockets): /run/shellbox/<key>
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
@@ -154,6 +155,22 @@ class ServerProcess:
             time.sleep(0.05)
         raise RuntimeError(f"server did not start: {self.log()}")
 
+    def view(self, path: Path) -> Path:
+        """``path`` as the server sees it: the containers' disks are mounted in its own mount
+        namespace only (``storage.py``)."""
+        assert self.proc is not None
+        return Path(f"/proc/{self.proc.pid}/root") / path.relative_to("/")
+
+    def mount_namespace(self) -> str:
+        """The server's mount namespace, for ``nsenter --mount=``: the one where the containers'
+        disks are mounted."""
+        assert self.proc is not None
+        return f"/proc/{self.proc.pid}/ns/mnt"
+
+    def data_dir(self, cid: str) -> Path:
+        """Where the server keeps a container's /mnt/data (a path in its mount namespace)."""
+        return self.state_dir / "disks" / cid / "data"
+
     def log(self) -> str:
         return self.log_path.read_text()[-5000:] if self.log_path else ""
 
@@ -180,7 +197,9 @@ def destroy_all_sandboxes(state_dir: Path) -> None:
     from shellbox.sandbox.image import image_for
 
     async def go() -> None:
-        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path)
+        # The storage backend the servers had: from the environment, as theirs.
+        config = storage_config(Settings(state_dir=state_dir))
+        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path, storage_config=config)
         for info in await rt.list():
             await rt.destroy(info.id)
 
@@ -206,6 +225,7 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
     for server in started:
         server.stop()
         destroy_all_sandboxes(server.state_dir)
+        hostns.detach(str(server.state_dir / "disks"))  # mounted here by destroy_all_sandboxes
         shutil.rmtree(server.state_dir, ignore_errors=True)
 
 

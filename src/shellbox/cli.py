@@ -61,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     pids_limit=settings.runtime.pids_limit,
                     cpus=settings.runtime.cpus,
                     tmp_size_mb=settings.runtime.tmp_size_mb,
+                    disk_limit_bytes=settings.disk_limit_bytes(),
                 )
             )
         try:
@@ -242,7 +243,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     """Apply a ``*** Begin Patch`` envelope to a container's /mnt/data (all or nothing)."""
     from shellbox.errors import ContainerNotFound, InvalidRequest
     from shellbox.patch import PatchError, parse_patch
-    from shellbox.sandbox import uid_ranges
+    from shellbox.sandbox import storage_config, uid_ranges
     from shellbox.sandbox.crun import OciRuntime
     from shellbox.sandbox.image import image_for
     from shellbox.sandbox.oci import SANDBOX_UID
@@ -258,6 +259,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     runtime = OciRuntime(
         settings.state_dir,
         image_for(settings.image_dir(), settings.runtime.image_profile).path,
+        storage_config=storage_config(settings),
         uid_ranges=uid_ranges(settings),
     )
     if not (runtime.container_dir(args.container) / "spec.json").exists():

@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     conflict = "conflict"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
+    disk_quota_exceeded = "disk_quota_exceeded"
     capacity_exceeded = "capacity_exceeded"
     container_busy = "container_busy"
     server_busy = "server_busy"
@@ -81,6 +82,12 @@ class InvalidRequest(ShellboxError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = ErrorCode.payload_too_large
+
+
+class DiskQuotaExceeded(PayloadTooLarge):
+    """A write from the host (an upload, a patch) does not fit in the container's disk."""
+
+    code = ErrorCode.disk_quota_exceeded
 
 
 class PathOutsideWorkspace(InvalidRequest):

@@ -71,6 +71,12 @@ class LimitSettings(_Section):
     upload_max_bytes: int = Field(512 << 20, ge=1, description="largest upload, in bytes")
     max_containers_per_project: int = Field(100, ge=1, description="live containers per project")
     max_memory_gb_per_project: int = Field(256, ge=1, description="sum of memory limits, GiB")
+    disk_gb: float = Field(
+        10,
+        gt=0,
+        description="disk quota per container, in GiB: its overlay's upper layer (/home/user and "
+        "every other rootfs path) and /mnt/data together; past it writes fail with EDQUOT",
+    )
     body_budget_bytes: int = Field(
         256 << 20,
         ge=1 << 20,
@@ -101,6 +107,26 @@ class LifecycleSettings(_Section):
     )
     files_purge_interval_s: float = Field(
         60, ge=0, description="how often expired Files API files are deleted from disk"
+    )
+
+
+class StorageSettings(_Section):
+    backend: Literal["btrfs", "none"] = Field(
+        "btrfs",
+        description="where containers' writable state lives: 'btrfs', a subvolume per container "
+        "with its limits.disk_gb quota; 'none', plain directories on the state directory's "
+        "filesystem, with no disk quota",
+    )
+    device: Path | None = Field(
+        None,
+        description="a block device or image file holding a btrfs for the containers' disks; "
+        "default: <state_dir>/disks.img, a sparse image made on first start",
+    )
+    size_gb: float = Field(
+        64,
+        gt=0,
+        description="size of the default image: the most all containers together may hold "
+        "(sparse: host space is used as containers write, and given back as they delete)",
     )
 
 
@@ -200,6 +226,7 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     egress: EgressSettings = Field(default_factory=EgressSettings)
@@ -208,6 +235,9 @@ class Settings(BaseSettings):
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"
+
+    def disk_limit_bytes(self) -> int:
+        return int(self.limits.disk_gb * (1 << 30))
 
     def private_dir(self) -> Path:
         """Root only (0700): the database and the secrets key. The state directory itself

@@ -117,7 +117,8 @@ async def test_links_inside_the_workspace_are_followed_like_docker(session: Any)
 # The SDK helper makes its link on the local file system at the manifest root (/mnt/data)
 # and its target beside it, as for a provider whose workspace is reachable locally. So it runs
 # in a process of its own, in a private mount namespace where /mnt/data is the container's
-# data directory: the link the helper makes is then a link in the container's workspace.
+# data directory: the link the helper makes is then a link in the container's workspace. That
+# namespace is a copy of the server's, where the containers' disks are mounted (storage.py).
 VERBATIM = textwrap.dedent(
     """
     import asyncio, subprocess, sys
@@ -143,7 +144,7 @@ VERBATIM = textwrap.dedent(
             await session.start()
             try:
                 cid = session.state.container_id
-                data = Path(state_dir) / "containers" / cid / "data"
+                data = Path(state_dir) / "disks" / cid / "data"
                 subprocess.run(["mount", "--bind", str(data), "/mnt/data"], check=True)
                 await sdk_helpers.assert_workspace_escape_blocked(session)
                 out = await session.exec("ls -A /mnt/data", timeout=30)
@@ -164,7 +165,11 @@ def test_the_sdk_escape_helpers_verbatim(server: Any, api_key: str, tmp_path: Pa
     )
     args = [server.base_url, api_key, str(server.state_dir), str(tmp_path)]
     out = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", VERBATIM, *args],
+        [
+            *("nsenter", f"--mount={server.mount_namespace()}"),
+            *("unshare", "--mount", "--propagation", "private"),
+            *(sys.executable, "-c", VERBATIM, *args),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_helpers import error_of
+from api_helpers import error_of, wait_until
 
 
 def test_validation_errors_are_400_naming_the_field(http: httpx.Client) -> None:
@@ -185,4 +185,24 @@ def test_per_project_caps_are_429(server_factory: Any) -> None:
     sdk.containers.delete(a.id)  # deleting frees the slot
     sdk.containers.delete(b.id)
     sdk.containers.create(name="d", memory_limit="4g")
+    srv.stop()
+
+
+def test_a_container_still_starting_is_counted_once(server_factory: Any) -> None:
+    srv = server_factory(
+        env={
+            "SHELLBOX_LIMITS__MAX_CONTAINERS_PER_PROJECT": "2",
+            "SHELLBOX_LIFECYCLE__WARM_POOL_SIZE": "0",
+        }
+    )
+    sdk = openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
+    # A large file to copy in keeps the first creation busy after its row is written.
+    big = sdk.files.create(file=("big.bin", b"\0" * (300 << 20)), purpose="user_data")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(sdk.containers.create, name="slow", file_ids=[big.id])
+        assert wait_until(lambda: len(list(sdk.containers.list())) == 1, 30)
+        still_creating = not first.done()
+        second = sdk.containers.create(name="second")  # 1 of 2: under the cap
+        assert still_creating  # (else this test proved nothing)
+        assert first.result().id != second.id
     srv.stop()

@@ -80,7 +80,7 @@ def test_container_expires(short: Any) -> None:
         name="brief", expires_after={"anchor": "last_active_at", "minutes": 1}
     )
     cf = sdk.containers.files.create(c.id, file=("a.txt", b"a"))
-    data_dir = short.state_dir / "containers" / c.id / "data"
+    data_dir = short.view(short.data_dir(c.id))
     assert (data_dir / "a.txt").exists()
     assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "expired", 15)
     # Processes and files are gone; it no longer counts, runs nothing, takes no files.

@@ -19,11 +19,6 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _data_dir(server: Any, cid: str) -> Path:
-    # The same layout OciRuntime.data_dir gives: <state>/containers/<id>/data.
-    return server.state_dir / "containers" / cid / "data"
-
-
 def test_upload_names_cannot_escape(client: Any, http: httpx.Client, cid: str) -> None:
     for name in ("../../etc/x", "/etc/passwd", "a/../../b", "..", "/mnt/data/../x", "/"):
         r = http.post(f"/v1/containers/{cid}/files", files={"file": (name, b"evil")})
@@ -75,8 +70,9 @@ def test_symlink_into_another_container(client: Any, http: httpx.Client, server:
     attacker = client.containers.create(name="attacker")
     try:
         client.containers.files.create(victim.id, file=("secret.txt", b"victim secret"))
-        victim_dir = _data_dir(server, victim.id)
-        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+        victim_dir = server.data_dir(victim.id)  # as the server sees it: the links' target
+        seen = server.view(victim_dir)  # the same directory, from this process
+        assert (seen / "secret.txt").read_bytes() == b"victim secret"
 
         shell(http, attacker.id, "echo decoy > peek.txt")
         peek = next(f for f in client.containers.files.list(attacker.id))
@@ -99,12 +95,12 @@ def test_symlink_into_another_container(client: Any, http: httpx.Client, server:
             f"/v1/containers/{attacker.id}/files", files={"file": ("other/secret.txt", b"x")}
         )
         assert 400 <= r.status_code < 500
-        assert sorted(p.name for p in victim_dir.iterdir()) == ["secret.txt"]
-        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+        assert sorted(p.name for p in seen.iterdir()) == ["secret.txt"]
+        assert (seen / "secret.txt").read_bytes() == b"victim secret"
         # A delete through the link does not reach the victim either.
         r = http.delete(f"/v1/containers/{attacker.id}/files/{peek.id}")
         assert r.status_code in (200, 404)
-        assert (victim_dir / "secret.txt").read_bytes() == b"victim secret"
+        assert (seen / "secret.txt").read_bytes() == b"victim secret"
     finally:
         client.containers.delete(victim.id)
         client.containers.delete(attacker.id)
@@ -128,7 +124,7 @@ KERNEL_REFUSED = ["new/" + "a" * 256, "b" * 256, "new/" + "/".join(["d" * 200] *
 def test_names_the_kernel_refuses_are_400_everywhere_and_leave_nothing(
     http: httpx.Client, server: Any, cid: str
 ) -> None:
-    data = _data_dir(server, cid)
+    data = server.view(server.data_dir(cid))
     before = sorted(p.name for p in data.iterdir())
     base = f"/v1/containers/{cid}"
     for name in KERNEL_REFUSED:

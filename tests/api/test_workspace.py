@@ -185,11 +185,12 @@ def test_a_hostile_archive_cannot_reach_the_host(http: httpx.Client, server: Any
     for body in (archive, archive2):
         r = http.put(f"/v1/containers/{cid}/workspace/archive", content=body)
         assert r.status_code in (200, 400), r.text
-    data_dir = server.state_dir / "containers" / cid / "data"
+    data_dir = server.view(server.data_dir(cid))
     assert (data_dir / "ok.txt").read_bytes() == b"fine"
     # Absolute and dotted names end up inside /mnt/data (tar strips them) or nowhere; nothing
     # lands elsewhere in the server's tree or on the host.
-    outside = [p for p in server.state_dir.rglob(f"*{marker}*") if data_dir not in p.parents]
+    tree = server.view(server.state_dir)
+    outside = [p for p in tree.rglob(f"*{marker}*") if data_dir not in p.parents]
     assert outside == []
     for base in ("/tmp", "/", "/var/tmp"):
         assert not (Path(base) / marker).exists()

@@ -416,10 +416,13 @@ def test_secret_value_never_reaches_the_sandbox_or_the_api(
         "type": "allowlist",
         "allowed_domains": POLICY["allowed_domains"],
     }
-    # on the host: the container's own tree (its disk, its spec), and the server's logs
+    # on the host: the container's own tree (its spec; its disk, mounted in the server's
+    # namespace only), and the server's logs
     state = egress.server.state_dir
+    disk = egress.server.view(state / "disks" / box)
+    assert (disk / "data").is_dir()  # (else the grep below would look at nothing)
     found = subprocess.run(
-        ["grep", "-rlsF", "--", SECRET, str(state / "containers" / box)],
+        ["grep", "-rlsF", "--", SECRET, str(state / "containers" / box), str(disk)],
         capture_output=True,
         text=True,
     )

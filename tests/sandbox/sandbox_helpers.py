@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime
+from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime, hostns
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
@@ -23,6 +23,7 @@ TIME_SCALE = float(os.environ.get("SHELLBOX_TEST_TIME_SCALE", "1"))
 def remove_state_dir(path: Path) -> None:
     """The state directory and the runtime's volatile directory for it in /run."""
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
 

@@ -516,7 +516,7 @@ async def test_each_container_is_its_own_host_uid_range(
             data = runtime.data_dir(cid)
             assert data.stat().st_uid == bases[cid] + 1000
             assert (data / "own.txt").stat().st_uid == bases[cid] + 1000
-            upper = runtime.container_dir(cid) / "upper" / "home" / "user" / "home.txt"
+            upper = runtime.disk_dir(cid) / "upper" / "home" / "user" / "home.txt"
             assert upper.stat().st_uid == bases[cid] + 1000
         a, b = bases[container], bases[other]
         assert abs(a - b) >= 65536
@@ -530,13 +530,14 @@ async def test_each_container_is_its_own_host_uid_range(
         }
         assert not any(a <= i < a + 65536 or b <= i < b + 65536 for i in host_ids)
         # "Escaped" host processes of the first container, as its root and its user.
-        other_dir = runtime.container_dir(other)
+        other_dir, other_disk = runtime.container_dir(other), runtime.disk_dir(other)
         for uid in (a, a + 1000):
             for command in (
                 f"ls {other_dir}",
+                f"ls {other_disk}",
                 f"cat {runtime.data_dir(other)}/own.txt",
                 f"echo evil >> {runtime.data_dir(other)}/own.txt",
-                f"touch {other_dir}/upper/evil",
+                f"touch {other_disk}/upper/evil",
             ):
                 done = _as_host_uid(uid, command)
                 assert done.returncode != 0, (uid, command)

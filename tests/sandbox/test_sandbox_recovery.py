@@ -55,7 +55,7 @@ def leftovers(rt: OciRuntime, cid: str) -> list[str]:
     for ns in ("self", "1"):  # this process's mount namespace, and the host's
         with open(f"/proc/{ns}/mountinfo") as f:
             found += [line for line in f if cid in line]
-    for path in (rt.socket_dir(cid), rt.oci_root / cid, rt.container_dir(cid)):
+    for path in (rt.socket_dir(cid), rt.oci_root / cid, rt.container_dir(cid), rt.disk_dir(cid)):
         if path.exists():
             found.append(str(path))
     return found

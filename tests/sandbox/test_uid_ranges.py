@@ -122,7 +122,8 @@ async def test_a_container_made_before_ranges_keeps_the_image_range(
     base = runtime.uid_base(cid)
     (cdir / RANGE_FILE).unlink()  # as an older server left it
     runtime.uid_ranges.release(base, cdir)
-    for path, uid in ((cdir, None), (cdir / "upper", 0), (cdir / "data", 1000)):
+    disk = runtime.disk_dir(cid)
+    for path, uid in ((cdir, None), (disk, None), (disk / "upper", 0), (disk / "data", 1000)):
         if uid is None:
             os.chown(path, 0, IMAGE_UID_BASE)
         else:

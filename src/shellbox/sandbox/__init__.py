@@ -21,6 +21,7 @@ from shellbox.sandbox.base import (
 from shellbox.sandbox.crun import OciRuntime
 from shellbox.sandbox.idmap import UidRanges
 from shellbox.sandbox.image import ensure_image
+from shellbox.sandbox.storage import StorageConfig
 from shellbox.settings import Settings
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Runtime",
     "SandboxInfo",
     "create_runtime",
+    "storage_config",
     "uid_ranges",
 ]
 
@@ -52,8 +54,14 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
         image.path,
         binary=settings.runtime.type,
         seccomp=settings.runtime.seccomp,
+        storage_config=storage_config(settings),
         uid_ranges=uid_ranges(settings),
     )
+
+
+def storage_config(settings: Settings) -> StorageConfig:
+    s = settings.storage
+    return StorageConfig(backend=s.backend, device=s.device, size_gb=s.size_gb)
 
 
 def uid_ranges(settings: Settings) -> UidRanges:

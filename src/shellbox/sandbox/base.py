@@ -19,6 +19,7 @@ MEMORY_LIMIT_BYTES: dict[str, int] = {
     "16g": 16 << 30,
     "64g": 64 << 30,
 }
+DEFAULT_DISK_LIMIT = 10 << 30  # settings.limits.disk_gb's default
 SandboxState = Literal["running", "paused", "stopped", "absent"]
 RecoveryAction = Literal["adopted", "restarted", "paused", "failed"]
 
@@ -41,6 +42,7 @@ class ContainerSpec:
     pids_limit: int = 1024
     cpus: float = 1.0
     tmp_size_mb: int = 512
+    disk_limit_bytes: int = DEFAULT_DISK_LIMIT  # upper layer and /mnt/data together
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     netns_path: str | None = None  # join this network namespace; None: a private loopback-only one

@@ -4,10 +4,19 @@ Disk layout under the state directory, per container ``<state>/containers/<id>/`
 
     spec.json   the ContainerSpec, to recreate the bundle after a restart
     config.json the OCI bundle config (rewritten at every start)
-    upper/ work/  the overlay's private layer (the shared image is the lower layer)
     rootfs/     the overlay mount point (mounted only inside the container's namespace)
-    data/       bind-mounted at /mnt/data; the host reads and writes container files here
     agent.log   the agent's stdout/stderr
+
+and its disk, ``<state>/disks/<id>/``, a btrfs subvolume with the container's disk quota
+(``storage.py``):
+
+    upper/ work/  the overlay's private layer (the shared image is the lower layer)
+    data/       bind-mounted at /mnt/data; the host reads and writes container files here
+
+Containers made before disks existed keep ``upper/ work/ data/`` in their container
+directory, and run without a disk quota. Both directories are root's with the group of the
+container's root (its own uid range, ``idmap.py``), mode 0710: it can reach its rootfs and
+data, no other container's uids can look in. ``upper/`` and ``data/`` are owned by the range.
 
 Volatile pieces live in ``/run/shellbox/<hash of state dir>/`` (short paths: a Unix socket
 path must fit in 108 bytes): the OCI runtime's own state and each container's socket
@@ -68,7 +77,7 @@ from shellbox.errors import (
     SandboxError,
     ShellboxError,
 )
-from shellbox.sandbox import hostns, idmap, oci
+from shellbox.sandbox import hostns, idmap, oci, storage
 from shellbox.sandbox.base import (
     CommandFinished,
     CommandResult,
@@ -89,6 +98,7 @@ AGENT_FILES = ("server.py", "protocol.py")
 RUN_BASE = Path("/run/shellbox")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
+PF_EXITING = 0x4  # <linux/sched.h>: a task's flags while it exits
 # How ``crun exec`` gets a command: on stdin, never as argv (one argv string is capped at
 # 128 KiB, a command may be 1 MiB). bash reads it whole from the pipe (``cat``: the sandbox
 # user may not reopen a pipe made outside its user namespace through /dev/fd), gives the
@@ -144,6 +154,7 @@ class OciRuntime:
         binary: Literal["crun", "runc"] = "crun",
         seccomp: bool = True,
         sandbox_env: dict[str, str] | None = None,
+        storage_config: storage.StorageConfig | None = None,
         uid_ranges: idmap.UidRanges | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
@@ -172,6 +183,10 @@ class OciRuntime:
         self.cache_dir = self.state_dir / "cache"
         self.containers_dir.mkdir(parents=True, exist_ok=True)
         hostns.keep_mounts_under(str(self.containers_dir))  # overlay roots stay ours
+        # After the namespace is ours: the disks' filesystem is mounted there, not on the host.
+        config = storage_config or storage.StorageConfig()
+        self.storage = storage.open_storage(self.state_dir, config)
+        self._disk_dirs: dict[str, Path] = {}
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.oci_root.mkdir(parents=True, exist_ok=True)
         (self.run_base / OWNER_FILE).write_text(str(self.state_dir))
@@ -199,8 +214,26 @@ class OciRuntime:
             raise ContainerNotFound(msg)
         return self.containers_dir / container_id
 
+    def disk_dir(self, container_id: str) -> Path:
+        """Where the container's ``upper/``, ``work/`` and ``data/`` are."""
+        known = self._disk_dirs.get(container_id)
+        if known is not None:
+            return known
+        cdir = self.container_dir(container_id)
+        disk = self.storage.path(container_id)
+        if not disk.is_dir() and (cdir / "data").is_dir():
+            disk = cdir  # made before disks existed: no quota
+        elif not disk.is_dir():
+            return disk  # not made (yet): remember nothing
+        self._disk_dirs[container_id] = disk
+        return disk
+
     def data_dir(self, container_id: str) -> Path:
-        return self.container_dir(container_id) / "data"
+        return self.disk_dir(container_id) / "data"
+
+    def disk_usage(self, container_id: str) -> int | None:
+        """Bytes the container's disk holds against its quota (None: it has no quota)."""
+        return self.storage.usage(container_id)
 
     def socket_dir(self, container_id: str) -> Path:
         return self.run_base / "sock" / container_id
@@ -304,8 +337,7 @@ class OciRuntime:
 
     async def create(self, spec: ContainerSpec) -> None:
         cdir = self.container_dir(spec.id)
-        for sub in ("upper", "work", "rootfs", "data"):
-            (cdir / sub).mkdir(parents=True, exist_ok=True)
+        (cdir / "rootfs").mkdir(parents=True, exist_ok=True)
         root_uid = idmap.read_base(cdir)
         if root_uid is None:
             try:
@@ -319,11 +351,17 @@ class OciRuntime:
         # uids (an escaped process) may even look in.
         os.chown(cdir, 0, root_uid)
         os.chmod(cdir, 0o710)
-        os.chown(cdir / "upper", root_uid, root_uid)
-        os.chmod(cdir / "upper", 0o755)
+        disk = self.storage.create(spec.id, spec.disk_limit_bytes)
+        os.chown(disk, 0, root_uid)  # the same for the disk, a directory of its own
+        os.chmod(disk, 0o710)
+        for sub in ("upper", "work", "data"):
+            (disk / sub).mkdir(exist_ok=True)
+        os.chown(disk / "upper", root_uid, root_uid)
+        os.chmod(disk / "upper", 0o755)
         sandbox_uid = root_uid + oci.SANDBOX_UID
-        os.chown(cdir / "data", sandbox_uid, sandbox_uid)
-        os.chmod(cdir / "data", 0o755)
+        os.chown(disk / "data", sandbox_uid, sandbox_uid)
+        os.chmod(disk / "data", 0o755)
+        self._disk_dirs[spec.id] = disk
         (cdir / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
         self._spec_env.pop(spec.id, None)
 
@@ -337,8 +375,10 @@ class OciRuntime:
         return _spec_from_json(raw)
 
     async def update_spec(self, spec: ContainerSpec) -> None:
-        """Replace the stored spec (used on the next start)."""
+        """Replace the stored spec (used on the next start); a new disk limit applies now."""
         self._spec_env.pop(spec.id, None)
+        if self.load_spec(spec.id).disk_limit_bytes != spec.disk_limit_bytes:
+            self.storage.set_limit(spec.id, spec.disk_limit_bytes)
         (self.container_dir(spec.id) / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
 
     async def start(self, container_id: str) -> None:
@@ -358,6 +398,7 @@ class OciRuntime:
     async def _start(self, container_id: str) -> None:
         spec = self.load_spec(container_id)
         cdir = self.container_dir(container_id)
+        disk = self.disk_dir(container_id)
         sock_dir = self.socket_dir(container_id)
         sock_dir.mkdir(parents=True, exist_ok=True)
         root_uid = self.uid_base(container_id)
@@ -375,7 +416,7 @@ class OciRuntime:
         config = oci.build_config(
             spec,
             rootfs=cdir / "rootfs",
-            data_dir=cdir / "data",
+            data_dir=disk / "data",
             run_dir=sock_dir,
             agent_dir=self.agent_dir,
             cgroups_path=self.cgroups.cgroups_path(container_id),
@@ -390,7 +431,7 @@ class OciRuntime:
         # lower layer of the overlay mounted on top of it (the image's own range needs none).
         image_base = 0 if root_uid == idmap.IMAGE_UID_BASE else root_uid
         lower = rootfs if image_base else str(self.image_rootfs)
-        overlay = f"lowerdir={lower},upperdir={cdir / 'upper'},workdir={cdir / 'work'}"
+        overlay = f"lowerdir={lower},upperdir={disk / 'upper'},workdir={disk / 'work'}"
         # Socket activation: bound and listening before the agent exists. It reaches the agent
         # as crun's stdin, which a detached container inherits (the agent moves it off fd 0).
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -448,6 +489,8 @@ class OciRuntime:
             await self._remove_oci(container_id)
             cdir = self.container_dir(container_id)
             base = idmap.read_base(cdir) if cdir.exists() else None
+            await asyncio.to_thread(self.storage.remove, container_id)
+            self._disk_dirs.pop(container_id, None)
             if cdir.exists():
                 await asyncio.to_thread(shutil.rmtree, cdir, True)
             if base is not None:  # after the files it owns are gone
@@ -536,8 +579,8 @@ class OciRuntime:
         return done
 
     async def sweep_orphans(self) -> builtins.list[str]:
-        """Remove OCI state, cgroups and socket directories of containers that have no disk
-        (their destroy was interrupted). Returns the ids cleaned up."""
+        """Remove OCI state, cgroups, socket directories and disks of containers that have no
+        spec (their destroy was interrupted). Returns the ids cleaned up."""
         known = {p.name for p in self.containers_dir.iterdir() if (p / "spec.json").exists()}
         orphans: set[str] = set()
         if self.oci_root.is_dir():
@@ -547,11 +590,19 @@ class OciRuntime:
             orphans |= {p.name for p in sock_root.iterdir()} - known
         # Cgroups are shared by every state directory on the host: only ids we have a trace of.
         orphans |= (self.cgroups.existing() & orphans) - known
+        # A disk without even a container directory (``create`` makes that first, and
+        # ``destroy`` removes it last): not one being made right now.
+        disks = {p.name for p in self.storage.root.iterdir()}
+        orphan_disks = {
+            cid for cid in disks - known if not self.containers_dir.joinpath(cid).exists()
+        }
         for cid in sorted(orphans):
             with contextlib.suppress(Exception):
                 await self._remove_oci(cid)
             shutil.rmtree(self.socket_dir(cid), ignore_errors=True)
-        return sorted(orphans)
+        for cid in sorted(orphan_disks):
+            await asyncio.to_thread(self.storage.remove, cid)
+        return sorted(orphans | orphan_disks)
 
     async def memory_usage(self, container_id: str) -> int | None:
         """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""
@@ -573,6 +624,8 @@ class OciRuntime:
             return
         except AgentNotReachable:
             running = await self.state(container_id) == "running"
+            if running and await self._dying(container_id):
+                running = False  # start() removes what is left of it first
         # Nothing of this request reached the sandbox, so it can be sent again. (An agent
         # lost in the middle of a call raises instead: its commands may have partly run.)
         if not running:
@@ -587,6 +640,20 @@ class OciRuntime:
         log.warning("sandbox %s: its agent does not listen; running through exec", container_id)
         for index, result in enumerate(await self._exec_fallback(container_id, request)):
             yield CommandFinished(index, result)
+
+    async def _dying(self, container_id: str) -> bool:
+        """Whether the container's PID 1 is exiting. The OCI runtime reports a container
+        "running" until its PID 1 is a zombie, which takes as long as tearing down its
+        namespaces (its processes, its mounts: syncing the overlay's upper layer)."""
+        pid = await self.agent_pid(container_id)
+        if pid is None:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            flags = int(stat.rsplit(")", 1)[1].split()[6])  # field 9
+        except (OSError, ValueError, IndexError):
+            return True  # gone meanwhile
+        return bool(flags & PF_EXITING)
 
     def container_env(self, container_id: str) -> dict[str, str]:
         """The clean environment plus the spec's ``env`` (egress proxy variables and the like)."""

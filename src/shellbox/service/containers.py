@@ -162,17 +162,22 @@ class ContainerService:
         counted = False
 
         def in_database() -> None:
+            """Stop counting this creation as pending: once its row is in the database (which
+            counts it from then on), or when it failed."""
             nonlocal counted
             if not counted:
                 counted = True
                 pending.remove(req.memory_limit)
+                # Dropped as it empties, not in a later ``finally``: by then a newer creation
+                # may have started a fresh list for the project, and dropping that one would
+                # stop counting it against the caps.
+                if not pending and self._creating.get(principal.project) is pending:
+                    del self._creating[principal.project]
 
         try:
             return await self._create(principal, req, in_database)
         finally:
             in_database()
-            if not pending:
-                self._creating.pop(principal.project, None)
 
     async def _create(
         self, principal: Principal, req: CreateContainer, in_database: Callable[[], None]
@@ -225,6 +230,7 @@ class ContainerService:
                 pids_limit=rs.pids_limit,
                 cpus=rs.cpus,
                 tmp_size_mb=rs.tmp_size_mb,
+                disk_limit_bytes=self.settings.disk_limit_bytes(),
                 env=prov.env,
                 mounts=tuple(prov.mounts),
                 netns_path=prov.netns_path,
@@ -235,8 +241,9 @@ class ContainerService:
                 pooled = None
             if pooled is None:
                 await self.runtime.create(spec)
-            elif spec.env != pooled.env:
-                await self.runtime.update_spec(spec)  # env applies per command: store it
+            elif spec != pooled:
+                # env applies per command and a disk limit at once: store them
+                await self.runtime.update_spec(spec)
             with self.db.begin() as conn:
                 conn.execute(
                     insert(containers).values(
@@ -279,6 +286,7 @@ class ContainerService:
             pids_limit=rs.pids_limit,
             cpus=rs.cpus,
             tmp_size_mb=rs.tmp_size_mb,
+            disk_limit_bytes=self.settings.disk_limit_bytes(),
         )
 
     async def _discard(self, cid: str, prov: Provisioned) -> None:
@@ -568,5 +576,8 @@ class ContainerService:
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
-    which the runtime hands to each command rather than to the container at start."""
-    return dataclasses.replace(pooled, env={}) == dataclasses.replace(wanted, env={})
+    which the runtime hands to each command rather than to the container at start, and the
+    disk limit, which ``update_spec`` changes on the spot."""
+    return dataclasses.replace(pooled, env={}, disk_limit_bytes=0) == dataclasses.replace(
+        wanted, env={}, disk_limit_bytes=0
+    )

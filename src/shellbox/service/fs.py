@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shellbox.errors import FileNotFound, InvalidRequest, PathOutsideWorkspace
+from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest, PathOutsideWorkspace
 
 DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
@@ -320,7 +320,8 @@ def write_file(
 
     The bytes go to a temporary file in the deepest directory that already exists, and the
     missing directories are made only once every byte has arrived: a body that fails (too
-    large, cut off) or a name the file system refuses leaves nothing behind.
+    large, cut off, past the container's disk quota) or a name the file system refuses leaves
+    nothing behind. Past the quota: ``DiskQuotaExceeded`` (413).
     """
     parts = rel.split("/")
     name = parts[-1]
@@ -357,6 +358,15 @@ def write_file(
     except (FileNotFoundError, InvalidRequest):
         raise
     except OSError as exc:
+        # The temporary file's bytes, a directory made or the rename's new entry: any of them
+        # can be what no longer fits.
+        if exc.errno in (errno.EDQUOT, errno.ENOSPC):
+            msg = (
+                f"{_shown(rel)} does not fit: {os.strerror(exc.errno)} (the container's disk "
+                "quota, limits.disk_gb, is used up); delete files in the container, then try "
+                "again"
+            )
+            raise DiskQuotaExceeded(msg, param=param) from None
         mapped = path_error(exc, rel, param)
         if mapped is None:
             raise
@@ -381,16 +391,20 @@ def _write_temp(dfd: int, tmp: str, chunks: Iterator[bytes], uid: int, mode: int
     )
     size = 0
     try:
-        for data in chunks:
-            os.write(fd, data)
-            size += len(data)
-        os.fchown(fd, uid, uid)
-        os.fchmod(fd, mode)
+        try:
+            for data in chunks:
+                view = memoryview(data)
+                while view:  # a write is short when the disk fills; the next one fails
+                    view = view[os.write(fd, view) :]
+                size += len(data)
+            os.fchown(fd, uid, uid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
     except BaseException:
-        os.close(fd)
-        os.unlink(tmp, dir_fd=dfd)
+        with contextlib.suppress(FileNotFoundError):  # the sandbox may have removed it
+            os.unlink(tmp, dir_fd=dfd)
         raise
-    os.close(fd)
     return size
 
 

@@ -80,6 +80,7 @@ READ_CHUNK = 65536
 MAX_FD = 65536
 # A cgroup move within this long of the previous one is cheap (no RCU grace period to wait
 # for): commands then start by posix_spawn directly; after a quiet spell, from the spare.
+LEFTOVER_KILL_WAIT_S = 1.0  # at most, for killed leftovers to exit and be reaped
 BURST_WINDOW_S = 0.02
 
 try:
@@ -1089,8 +1090,22 @@ class Agent:
                 f"limit ({bound} of {cg.cmds_pids_limit}).\n"
             )
             log(notes[-1].rstrip())
+        if notes:
+            self.await_leftovers_gone(bound)
         self.retired = [g for g in self.retired if not cg.remove(g)]
         return notes
+
+    def await_leftovers_gone(self, bound: int) -> None:
+        """A killed process holds its pid until it has exited and been reaped (orphans are
+        ours, as the namespace's init): wait, briefly, for the kill to free the room it made,
+        so that the command that starts next is not refused a fork by the very processes the
+        rule killed."""
+        deadline = time.monotonic() + LEFTOVER_KILL_WAIT_S
+        while True:
+            self.reap()
+            if self.cgroups.pids_used() <= bound or time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
 
     def retire_group(self, name: str) -> None:
         if not self.cgroups.remove(name):

@@ -51,6 +51,10 @@ TESTS=(
   tests/sandbox/test_run_cli.py
   tests/sandbox/test_hostns.py
   tests/sandbox/test_cgroups.py
+  tests/sandbox/test_leftovers.py
+  tests/sandbox/test_weights.py
+  tests/sandbox/test_agent_memory.py
+  tests/sandbox/test_uid_ranges.py
   tests/api/test_cgroup_smoke.py
 )
 if [ -n "${SHELLBOX_V2_TESTS:-}" ]; then read -ra TESTS <<< "$SHELLBOX_V2_TESTS"; fi  # a subset
@@ -251,7 +255,7 @@ cleanup() {
 main() {
   install_host_packages
   ./scripts/setup.sh
-  .venv/bin/shellbox image build --state-dir "$REPO/.state"
+  .venv/bin/shellbox image build --profile minimal --state-dir "$REPO/.state"
   ensure_guest
   STAGE=$(mktemp -d /var/tmp/shellbox-v2-run.XXXXXX)
   trap cleanup EXIT
@@ -284,12 +288,14 @@ main() {
   local rc=0
   local scale=1
   [ "$accel" = tcg ] && scale=5
-  guest_ssh "cd '$REPO' && SHELLBOX_EXPECT_CGROUP=v2 SHELLBOX_TEST_TIME_SCALE=$scale .venv/bin/pytest -p no:cacheprovider \
+  # The guest holds only the minimal image: every Settings and server there picks it.
+  guest_ssh "cd '$REPO' && SHELLBOX_RUNTIME__IMAGE_PROFILE=minimal SHELLBOX_EXPECT_CGROUP=v2 \
+    SHELLBOX_TEST_TIME_SCALE=$scale .venv/bin/pytest -p no:cacheprovider \
     --durations=15 ${TESTS[*]} $*" || rc=$?
   say "pytest in the guest took $((SECONDS - t0)) s (exit $rc)"
   if [ "$rc" = 0 ] && [ -z "${SHELLBOX_V2_NO_BENCH:-}" ]; then
     say "bench/bench_runtime.py --quick in the guest ($accel)"
-    guest_ssh "cd '$REPO' && .venv/bin/python bench/bench_runtime.py --quick" \
+    guest_ssh "cd '$REPO' && .venv/bin/python bench/bench_runtime.py --quick --profile minimal" \
       || die "bench_runtime failed in the guest"
   fi
   guest_ssh "umount '$REPO'; sync" || true

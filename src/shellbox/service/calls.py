@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from shellbox.sandbox import CommandFinished, CommandResult, ExecEvent, OutputDe
 from shellbox.sandbox.base import ExecRequest
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
+from shellbox.service.fs import DATA_MOUNT
 from shellbox.service.models import ContainerFileRecord, Principal
 from shellbox.service.shell import ShellLimits, shell_call_output_item
 
@@ -167,6 +169,10 @@ class CallService:
         ):
             msg = "action.env must be an object of string values"
             raise InvalidRequest(msg, param="action.env")
+        for name in env:
+            if not name or "=" in name:
+                msg = f"action.env names a variable {name!r}; a name is non-empty and has no '='"
+                raise InvalidRequest(msg, param=f"action.env.{name}")
         timeout = action.get("timeout_ms")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
             msg = "action.timeout_ms must be an integer or null"
@@ -181,8 +187,15 @@ class CallService:
         elif not argv:
             text = "Command is empty.\n"
         else:
+            command = shlex.join(argv)
+            if workdir:
+                # The agent falls back to / when it cannot enter the directory; ``cd`` first
+                # makes a missing directory an error in the output instead, as a local shell's
+                # would be. Relative directories are relative to /mnt/data, like commands.
+                workdir = posixpath.join(DATA_MOUNT, workdir)
+                command = f"cd -- {shlex.quote(workdir)} || exit 1\n{command}"
             request = self.limits.exec_request(
-                [shlex.join(argv)],
+                [command],
                 timeout,
                 None,
                 param="action.command",

@@ -6,15 +6,18 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.strings import checked_request
 from shellbox.errors import InvalidRequest, ShellboxError
 from shellbox.service.containers import CreateContainer
 
-router = APIRouter(prefix="/v1/containers", tags=["containers"])
+router = APIRouter(
+    prefix="/v1/containers", tags=["containers"], dependencies=[Depends(checked_request)]
+)
 
 
 @router.post("")

@@ -7,16 +7,17 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.strings import check_form, checked_request
 from shellbox.errors import InvalidRequest, PayloadTooLarge
 
-router = APIRouter(prefix="/v1", tags=["files"])
+router = APIRouter(prefix="/v1", tags=["files"], dependencies=[Depends(checked_request)])
 CHUNK = 1 << 16
 
 
@@ -28,12 +29,14 @@ def _chunks(upload: StarletteUploadFile) -> Iterator[bytes]:
 
 async def _form(request: Request) -> Any:
     try:
-        return await request.form(max_files=1, max_fields=20)
+        form = await request.form(max_files=1, max_fields=20)
     except StarletteHTTPException:
         raise  # the body size cap's 413
     except Exception as exc:  # malformed multipart bodies are the client's mistake
         msg = f"could not parse the multipart body: {exc}"
         raise InvalidRequest(msg) from None
+    check_form(form)
+    return form
 
 
 @router.post("/files")

@@ -11,17 +11,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shellbox.api.deps import PrincipalDep, ServicesDep
+from shellbox.api.strings import checked_request
 from shellbox.responses.events import sse
 from shellbox.responses.loop import Run
 from shellbox.responses.request import parse_response_request
 from shellbox.responses.service import ResponsesService
 from shellbox.services import Services
 
-router = APIRouter(prefix="/v1/responses", tags=["responses"])
+router = APIRouter(
+    prefix="/v1/responses", tags=["responses"], dependencies=[Depends(checked_request)]
+)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 

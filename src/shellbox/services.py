@@ -41,10 +41,12 @@ class Services:
             if start is not None:
                 await start()
         await self.containers.recover()
+        self.files.start()
         self.containers.start_reaper()
 
     async def close(self) -> None:
         await self.containers.stop_reaper()
+        await self.files.close()
         for closer in reversed(self.closers):
             with contextlib.suppress(Exception):
                 await closer()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,11 @@ from shellbox.errors import FileNotFound, InvalidRequest
 DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
 MAX_SCAN_DEPTH = 64
+# An upload is written to ``.shellbox-upload-<run>-<n>`` next to its target, then renamed. The
+# run token tells this process's temporaries (in flight) from those a crashed one left.
+UPLOAD_PREFIX = ".shellbox-upload-"
+_RUN = secrets.token_hex(6)
+_UPLOAD_SEQ = itertools.count()
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -121,7 +128,7 @@ def write_file(
 ) -> int:
     """Write (replacing) ``rel`` owned by ``uid``; returns the size. Atomic via rename."""
     name = rel.rsplit("/", 1)[-1]
-    tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
+    tmp = f"{UPLOAD_PREFIX}{_RUN}-{next(_UPLOAD_SEQ)}"
     with _parent_fd(root, rel, create=True, uid=uid) as dfd:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -224,7 +231,7 @@ def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[
             except FileNotFoundError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                if not entry.name.startswith(".shellbox-upload-"):
+                if not entry.name.startswith(UPLOAD_PREFIX):
                     out.append(Entry(f"{prefix}{entry.name}", st.st_size, st.st_mtime_ns))
             elif stat.S_ISDIR(st.st_mode) and depth < MAX_SCAN_DEPTH:
                 subdirs.append(entry.name)
@@ -241,3 +248,53 @@ def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[
             _scan_dir(sub, f"{prefix}{name}/", depth + 1, out, budget)
         finally:
             os.close(sub)
+
+
+def sweep_uploads(root: Path) -> int:
+    """Remove the upload temporaries an earlier server process left under ``root`` (a crash
+    mid-upload); returns how many. Only files this server's uid owns are touched (the upload
+    is handed to the sandbox user only just before its rename), so a sandbox's own file of a
+    similar name stays. Walks like ``scan``: no symlinks followed, at most MAX_SCAN_DEPTH."""
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        return 0
+    try:
+        return _sweep_dir(top, 0, f"{UPLOAD_PREFIX}{_RUN}-", os.getuid())
+    finally:
+        os.close(top)
+
+
+def _sweep_dir(dfd: int, depth: int, ours: str, uid: int) -> int:
+    removed = 0
+    subdirs: list[str] = []
+    with os.scandir(dfd) as it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if depth < MAX_SCAN_DEPTH:
+                    subdirs.append(entry.name)
+            elif (
+                stat.S_ISREG(st.st_mode)
+                and st.st_uid == uid
+                and entry.name.startswith(UPLOAD_PREFIX)
+                and not entry.name.startswith(ours)
+            ):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.name, dir_fd=dfd)
+                    removed += 1
+    for name in subdirs:
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES):
+                continue
+            raise
+        try:
+            removed += _sweep_dir(sub, depth + 1, ours, uid)
+        finally:
+            os.close(sub)
+    return removed

@@ -6,12 +6,15 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
 
     ShellboxError
     ├── InvalidRequest (400)
-    │   └── PayloadTooLarge (413)
+    │   ├── PayloadTooLarge (413)
+    │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
     ├── Conflict (409, never retried)
-    │   └── ContainerNotRunning
+    │   ├── ContainerNotRunning
+    │   └── IdempotencyKeyInterrupted: its first request was cut off by a restart
+    ├── IdempotencyKeyInUse (409, retried): its first request is still running
     ├── QuotaExceeded (429)
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
@@ -37,6 +40,9 @@ class ErrorCode(StrEnum):
     skill_not_found = "skill_not_found"
     response_not_found = "response_not_found"
     conflict = "conflict"
+    idempotency_key_reused = "idempotency_key_reused"
+    idempotency_key_in_use = "idempotency_key_in_use"
+    idempotency_key_interrupted = "idempotency_key_interrupted"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
     upstream_error = "upstream_error"
@@ -73,6 +79,12 @@ class InvalidRequest(ShellboxError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = ErrorCode.payload_too_large
+
+
+class IdempotencyKeyReused(InvalidRequest):
+    """Stripe's choice (a 400 ``idempotency_error``) rather than the IETF draft's 422."""
+
+    code = ErrorCode.idempotency_key_reused
 
 
 class AuthenticationFailed(ShellboxError):
@@ -114,6 +126,20 @@ class Conflict(ShellboxError):
 
 class ContainerNotRunning(Conflict):
     code = ErrorCode.container_expired
+
+
+class IdempotencyKeyInterrupted(Conflict):
+    code = ErrorCode.idempotency_key_interrupted
+
+
+class IdempotencyKeyInUse(ShellboxError):
+    """The first request with this key is still running: retry (after it ends, the retry gets
+    its result)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = ErrorCode.idempotency_key_in_use
+    retryable = True
 
 
 class QuotaExceeded(ShellboxError):

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from shellbox import __version__
 from shellbox.agent.protocol import MAX_REQUEST_BYTES
-from shellbox.api import errors
+from shellbox.api import errors, openapi
 from shellbox.api.middleware import RequestContextMiddleware
 from shellbox.api.routes import (
     containers,
@@ -53,6 +53,7 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    openapi.install(app)
     app.add_middleware(
         RequestContextMiddleware,
         upload_max_bytes=settings.limits.upload_max_bytes,

@@ -11,6 +11,8 @@ import pytest
 from api_helpers import error_of, local_shell, shell
 
 SURROGATE = "\ud800"
+JSON = {"content-type": "application/json"}
+MULTIPART = "multipart/form-data; boundary=zz"
 
 
 def raw_json(value: Any) -> bytes:
@@ -159,3 +161,38 @@ def test_missing_working_directory_is_an_error_in_the_output(http: httpx.Client,
     shell(http, cid, "mkdir -p sub")
     assert local_shell(http, cid, ["pwd"], working_directory="sub")["output"] == "/mnt/data/sub\n"
     assert local_shell(http, cid, ["pwd"], working_directory="/tmp")["output"] == "/tmp\n"
+
+
+def test_every_400_names_its_field(http: httpx.Client, cid: str) -> None:
+    calls = f"/v1/containers/{cid}/calls"
+    item = b'{"type":"shell_call","action":{"commands":["ls"]}}'
+    bad_utf8 = b'{"type": "shell_call", "x": "\xff"}'
+    garbled = {"content": b"x", "headers": {"content-type": MULTIPART}}
+    cases: list[tuple[str, str, dict[str, Any], str]] = [
+        ("POST", calls, {"content": b"[]", "headers": JSON}, "body"),
+        ("POST", calls, {"content": b"{", "headers": JSON}, "body"),
+        ("POST", calls, {"content": bad_utf8, "headers": JSON}, "body"),
+        ("POST", calls, {"content": b"[" * 100_000 + b"]" * 100_000, "headers": JSON}, "body"),
+        ("POST", calls, {"content": item, "headers": {"content-type": "text/plain"}}, "body"),
+        ("POST", "/v1/responses", {"content": b"5", "headers": JSON}, "body"),
+        ("POST", "/v1/files", garbled, "file"),
+        ("POST", f"/v1/containers/{cid}/files", garbled, "file"),
+        ("GET", f"/v1/containers/{cid}/workspace/file", {}, "path"),
+    ]  # fmt: skip
+    for call_id in ("5", "{}", "[]"):
+        body = b'{"type":"%s","call_id":%s,"action":{"commands":["touch ran"]}}'
+        for kind, url in (("shell_call", calls), ("shell_call", calls + "?stream=true")):
+            raw = body % (kind.encode(), call_id.encode())
+            cases.append(("POST", url, {"content": raw, "headers": JSON}, "call_id"))
+        patch = b'{"type":"apply_patch_call","call_id":%s,"operation":{"type":"create_file",'
+        patch += b'"path":"ran","diff":"+x"}}'
+        cases.append(
+            ("POST", calls, {"content": patch % call_id.encode(), "headers": JSON}, "call_id")
+        )
+    for method, url, kw, param in cases:
+        r = http.request(method, url, **kw)
+        assert r.status_code == 400, (url, kw, r.text)
+        err = error_of(r)
+        assert err["param"] == param, (url, kw, err)
+        assert "Error:" not in err["message"] and "Traceback" not in err["message"], err
+    assert shell(http, cid, "ls /mnt/data/ran")["output"][0]["outcome"]["exit_code"] != 0

@@ -75,11 +75,12 @@ class CallService:
 
     @staticmethod
     def call_id(item: dict[str, Any]) -> str:
-        call_id = item.get("call_id") or item.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            msg = "call_id must be a string"
-            raise InvalidRequest(msg, param="call_id")
-        return call_id or new_id("call_")
+        for key in ("call_id", "id"):
+            value = item.get(key)
+            if value is not None and not isinstance(value, str):
+                msg = f"{key} must be a string (or left out)"
+                raise InvalidRequest(msg, param=key)
+        return item.get("call_id") or item.get("id") or new_id("call_")
 
     # -- shell_call -------------------------------------------------------------------------
 
@@ -221,6 +222,7 @@ class CallService:
     # -- dispatch ---------------------------------------------------------------------------
 
     async def call(self, principal: Principal, cid: str, item: dict[str, Any]) -> dict[str, Any]:
+        self.call_id(item)  # checked here for every type, before anything runs
         kind = item.get("type")
         if kind == "shell_call":
             return await self.shell_call(principal, cid, item)

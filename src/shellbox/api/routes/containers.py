@@ -110,6 +110,7 @@ async def create_call(
         msg = "?stream=true is supported for shell_call items only"
         raise InvalidRequest(msg, param="stream")
     services.calls.shell_request(item)  # validate before the 200 goes out
+    services.calls.call_id(item)
     services.containers.get(principal, container_id)
     # With an Idempotency-Key, the final output item is kept; a retry gets it back as one
     # response.output_item.done event (without the deltas).

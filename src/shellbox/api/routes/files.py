@@ -33,8 +33,11 @@ def _chunks(upload: StarletteUploadFile) -> Iterator[bytes]:
 async def _form(request: Request) -> Any:
     try:
         form = await request.form(max_files=1, max_fields=20)
-    except StarletteHTTPException:
-        raise  # the body size cap's 413
+    except StarletteHTTPException as exc:
+        if exc.status_code == 413:
+            raise  # the body size cap's
+        msg = f"could not parse the multipart body ({exc.detail}); send multipart/form-data"
+        raise InvalidRequest(msg, param="file") from None
     except Exception as exc:  # malformed multipart bodies are the client's mistake
         msg = f"could not parse the multipart body ({exc}); send multipart/form-data"
         raise InvalidRequest(msg, param="file") from None

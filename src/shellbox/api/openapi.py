@@ -102,6 +102,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 "response.output_item.done carrying the output item"
             ),
         },
+        body={JSON: {"schema": {"$ref": REF.format(model="CallItem")}}},
         idempotent=True,
     ),
     ("get", _C + "/{container_id}/egress"): Operation(_json(schemas.EgressEventList)),
@@ -235,7 +236,10 @@ def build(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=app.routes
     )
-    _, defs = models_json_schema([(m, "serialization") for m in MODELS], ref_template=REF)
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in MODELS] + [(schemas.CallItem, "validation")],
+        ref_template=REF,
+    )
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)

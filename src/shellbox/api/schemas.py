@@ -45,6 +45,54 @@ class CreateContainerFileBody(_Body):
     file_id: str
 
 
+# The tool-call items ``POST /v1/containers/{id}/calls`` takes, as a model emits them. The
+# route reads the item itself (service.calls checks it and names the field at fault); these
+# models document it.
+
+
+class ShellAction(_Body):
+    commands: list[str] = Field(description="run in order by bash -c in /mnt/data")
+    timeout_ms: int | None = Field(None, description="per command; clamped to the maximum")
+    max_output_length: int | None = Field(None, description="characters kept of each stream")
+
+
+class ShellCallItem(_Body):
+    type: Literal["shell_call"]
+    call_id: str | None = None
+    action: ShellAction
+
+
+class LocalShellAction(_Body):
+    type: Literal["exec"] = "exec"
+    command: list[str] = Field(description="an argv")
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+    user: str | None = None
+    working_directory: str | None = Field(None, description="relative ones are under /mnt/data")
+
+
+class LocalShellCallItem(_Body):
+    type: Literal["local_shell_call"]
+    call_id: str | None = None
+    action: LocalShellAction
+
+
+class PatchOperation(_Body):
+    type: Literal["create_file", "update_file", "delete_file"]
+    path: str
+    diff: str | None = Field(None, description="a V4A diff (not for delete_file)")
+
+
+class ApplyPatchCallItem(_Body):
+    type: Literal["apply_patch_call"]
+    call_id: str | None = None
+    operation: PatchOperation
+
+
+class CallItem(RootModel[ShellCallItem | LocalShellCallItem | ApplyPatchCallItem]):
+    """One tool-call item; with ``?stream=true``, a ``shell_call`` only."""
+
+
 def container(record: ContainerRecord) -> dict[str, Any]:
     policy: dict[str, Any] = {"type": record.network_policy.get("type", "disabled")}
     if policy["type"] == "allowlist":

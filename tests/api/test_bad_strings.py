@@ -4,11 +4,13 @@ names the field, answered before anything runs; every 400 names its field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from api_helpers import error_of, local_shell, shell
+from test_responses_upstream import MODELS, LLMEnv, llm_env
 
 SURROGATE = "\ud800"
 JSON = {"content-type": "application/json"}
@@ -196,3 +198,24 @@ def test_every_400_names_its_field(http: httpx.Client, cid: str) -> None:
         assert err["param"] == param, (url, kw, err)
         assert "Error:" not in err["message"] and "Traceback" not in err["message"], err
     assert shell(http, cid, "ls /mnt/data/ran")["output"][0]["outcome"]["exit_code"] != 0
+
+
+@pytest.fixture(scope="module")
+def llm(server_factory: Callable[..., Any]) -> Iterator[LLMEnv]:
+    yield from llm_env(server_factory)
+
+
+def test_numbers_json_cannot_hold_are_400(llm: LLMEnv) -> None:
+    # Python's json reads NaN, Infinity and 1e400 (inf); a response object echoes temperature.
+    llm.llm.script()
+    model = MODELS["chat"]
+    with llm.http() as http:
+        for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+            raw = f'{{"model": "{model}", "input": "x", "temperature": {number}}}'
+            r = http.post("/v1/responses", content=raw.encode(), headers=JSON)
+            assert r.status_code == 400, (number, r.text)
+            assert error_of(r)["param"] == "temperature"
+        raw = '{"name": "n", "metadata": {"a": [1, NaN]}}'
+        r = http.post("/v1/containers", content=raw.encode(), headers=JSON)
+        assert r.status_code == 400 and error_of(r)["param"] == "metadata.a[1]", r.text
+    assert llm.llm.done() == []

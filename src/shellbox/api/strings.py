@@ -1,4 +1,4 @@
-"""One check for every string a request carries, made before any route code runs.
+"""One check for every string (and number) of a request, made before any route code runs.
 
 JSON can spell a lone UTF-16 surrogate (``"\\ud800"``) and Python's ``json`` accepts it; no
 UTF-8 encoder does, so such a string reached the database, the agent or the upstream model
@@ -11,6 +11,7 @@ carry bytes, not strings, and only their parameters are checked.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -61,6 +62,12 @@ def check_value(value: Any, param: str = "") -> None:
                 stack.append((sub, _join(path, str(key))))
         elif isinstance(item, list):
             stack.extend((sub, _join(path, i)) for i, sub in reversed(list(enumerate(item))))
+        elif isinstance(item, float) and not math.isfinite(item):
+            # Python's json reads NaN, Infinity and 1e400; JSON has no such numbers, and
+            # echoing one back (a response object) would fail to serialise.
+            what = path or "the request body"
+            msg = f"{what} is {item}, which JSON cannot hold; send a finite number"
+            raise InvalidRequest(msg, param=path or None)
 
 
 def check_form(form: FormData) -> None:

@@ -47,7 +47,18 @@ def _binary(media: str) -> dict[str, Any]:
 
 
 def _sse(description: str) -> dict[str, Any]:
-    return {SSE: {"schema": {"type": "string", "description": description}}}
+    """Server-sent events: the schema is that of one event (how OpenAPI 3.2's ``itemSchema``
+    and schemathesis read a stream), its ``data`` a JSON object."""
+    event = {
+        "type": "object",
+        "description": description,
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string"},
+            "data": {"type": "string", "contentMediaType": JSON},
+        },
+    }
+    return {SSE: {"schema": event}}
 
 
 def _multipart(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Table,
+    Text,
     delete,
     insert,
     select,
@@ -58,7 +59,7 @@ idempotency_keys = Table(
     metadata,
     Column("project", String(128), primary_key=True),
     Column("key", String(MAX_KEY_LENGTH), primary_key=True),
-    Column("route", String(1024), nullable=False),
+    Column("route", Text, nullable=False),  # ids in the path have no length cap
     Column("fingerprint", String(64), nullable=False),
     Column("state", String(16), nullable=False),  # in_progress | done
     Column("run", String(32), nullable=False),  # the process that claimed it

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 
 from shellbox.api.openapi import OPERATIONS
 
-EXAMPLES = int(os.environ.get("SHELLBOX_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("SHELLBOX_FUZZ_EXAMPLES", "25"))
 AUTH = {"authorization": "Bearer fuzz"}
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 # The workspace archive upload is raw bytes, sent as they are.
@@ -41,6 +41,9 @@ schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
 def fuzz_server(server_factory: Any) -> Any:
     # Keyless (any bearer works) and a small container cap so fuzzed creates stay cheap.
     return server_factory(env={"SHELLBOX_LIMITS__MAX_CONTAINERS_PER_PROJECT": "6"})
+
+
+SENT = [0]  # requests made, printed at the end (pytest -s)
 
 
 def _run(op: Any, mode: GenerationMode, base_url: str, **fixed: Any) -> list[str]:
@@ -56,6 +59,7 @@ def _run(op: Any, mode: GenerationMode, base_url: str, **fixed: Any) -> list[str
     )
     def check(case: Any) -> None:
         response = case.call(base_url=base_url, headers=AUTH, timeout=30)
+        SENT[0] += 1
         try:
             case.validate_response(response, checks=CHECKS, headers=AUTH)
         except (AssertionError, BaseExceptionGroup) as exc:  # a Failure, or a FailureGroup
@@ -133,4 +137,5 @@ def test_fuzzed_requests_get_documented_answers(fuzz_server: Any) -> None:
         if op.path.endswith("/calls"):  # the streamed form too: its events have a schema
             streamed = {"path_parameters": ids, "query": {"stream": "true"}}
             failures += _run(op, GenerationMode.POSITIVE, base, **streamed)
+    print(f"schemathesis: {SENT[0]} requests, {len(failures)} failures")
     assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(failures[:10])

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from shellbox import __version__, memory
 from shellbox.agent.protocol import MAX_REQUEST_BYTES
-from shellbox.api import errors
+from shellbox.api import errors, openapi
 from shellbox.api.body_budget import BodyBudget, BodyBudgetMiddleware
 from shellbox.api.middleware import RequestContextMiddleware
 from shellbox.api.routes import (
@@ -60,6 +60,7 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
         budget=BodyBudget(settings.limits.body_budget_bytes, settings.limits.body_budget_wait_s),
         max_json_bytes=MAX_REQUEST_BYTES,
     )
+    openapi.install(app)
     app.add_middleware(
         RequestContextMiddleware,
         upload_max_bytes=settings.limits.upload_max_bytes,

@@ -7,12 +7,15 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ShellboxError
     ├── InvalidRequest (400)
     │   ├── PayloadTooLarge (413)
-    │   └── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
+    │   ├── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
+    │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
     ├── Conflict (409, never retried)
-    │   └── ContainerNotRunning
+    │   ├── ContainerNotRunning
+    │   └── IdempotencyKeyInterrupted: its first request was cut off by a restart
+    ├── IdempotencyKeyInUse (409, retried): its first request is still running
     ├── QuotaExceeded (429)
     │   └── CapacityExceeded: the host runs all the containers it may (retry later)
     ├── ContainerBusy (429, retried): the container runs as many calls as it takes
@@ -42,6 +45,9 @@ class ErrorCode(StrEnum):
     skill_not_found = "skill_not_found"
     response_not_found = "response_not_found"
     conflict = "conflict"
+    idempotency_key_reused = "idempotency_key_reused"
+    idempotency_key_in_use = "idempotency_key_in_use"
+    idempotency_key_interrupted = "idempotency_key_interrupted"
     container_expired = "container_expired"
     quota_exceeded = "quota_exceeded"
     disk_quota_exceeded = "disk_quota_exceeded"
@@ -96,6 +102,12 @@ class PathOutsideWorkspace(InvalidRequest):
     code = ErrorCode.path_outside_workspace
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """Stripe's choice (a 400 ``idempotency_error``) rather than the IETF draft's 422."""
+
+    code = ErrorCode.idempotency_key_reused
+
+
 class AuthenticationFailed(ShellboxError):
     status = 401
     type = "authentication_error"
@@ -135,6 +147,20 @@ class Conflict(ShellboxError):
 
 class ContainerNotRunning(Conflict):
     code = ErrorCode.container_expired
+
+
+class IdempotencyKeyInterrupted(Conflict):
+    code = ErrorCode.idempotency_key_interrupted
+
+
+class IdempotencyKeyInUse(ShellboxError):
+    """The first request with this key is still running: retry (after it ends, the retry gets
+    its result)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = ErrorCode.idempotency_key_in_use
+    retryable = True
 
 
 class QuotaExceeded(ShellboxError):

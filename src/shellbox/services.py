@@ -15,6 +15,7 @@ from shellbox.sandbox import OciRuntime, create_runtime
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
+from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
@@ -41,10 +42,12 @@ class Services:
             if start is not None:
                 await start()
         await self.containers.recover()
+        self.files.start()
         self.containers.start_reaper()
 
     async def close(self) -> None:
         await self.containers.stop_reaper()
+        await self.files.close()
         for closer in reversed(self.closers):
             with contextlib.suppress(Exception):
                 await closer()
@@ -61,6 +64,10 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     files = FileService(settings, db, containers)
     calls = CallService(containers, files, limits)
     services = Services(settings, db, runtime, keys, containers, files, calls, limits)
+    idempotency = IdempotencyService(db, settings.lifecycle.idempotency_ttl_s)
+    containers.provision_hooks.append(idempotency.attach_container)
+    containers.reap_hooks.append(idempotency.purge_expired)
+    services.extras["idempotency"] = idempotency
     for install in FEATURES:
         install(services)
     return services

@@ -108,6 +108,9 @@ class LifecycleSettings(_Section):
     files_purge_interval_s: float = Field(
         60, ge=0, description="how often expired Files API files are deleted from disk"
     )
+    idempotency_ttl_s: float = Field(
+        86_400, gt=0, description="how long an Idempotency-Key's result is kept for retries"
+    )
 
 
 class StorageSettings(_Section):

@@ -57,11 +57,18 @@ def error_response(exc: ShellboxError) -> JSONResponse:
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
+    """``("body", "action", "commands", 0)`` -> ``action.commands[0]``; the body itself (not
+    an object, say) is ``body``. Only the first element is a location: a query parameter
+    may well be named ``path``."""
+    if not loc:
+        return None
+    where, parts = str(loc[0]), loc[1:]
+    if where not in ("body", "query", "path", "header", "cookie", "form"):
+        where, parts = "body", loc
     out = ""
-    for p in parts:
+    for p in map(str, parts):
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or None
+    return out or where
 
 
 def install(app: FastAPI) -> None:
@@ -75,6 +82,10 @@ def install(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # loc is ("body", offset)
+            offset = tuple(first.get("loc", ()))[-1]
+            msg = f"The body is not valid JSON (at character {offset}); send one JSON object"
+            return envelope(400, msg, param="body", code="invalid_value")
         param = _loc_to_param(tuple(first.get("loc", ())))
         where = f" at {param}" if param else ""
         msg = f"Invalid request{where}: {first.get('msg', 'invalid value')}"
@@ -91,7 +102,14 @@ def install(app: FastAPI) -> None:
         else:
             message = str(exc.detail)
         code = "payload_too_large" if exc.status_code == 413 else None
-        return envelope(exc.status_code, message, code=code, headers=getattr(exc, "headers", None))
+        param = None
+        if exc.status_code == 400:
+            # FastAPI's own: a JSON body it could not read (bad UTF-8, nesting too deep).
+            message = f"{message}: send one JSON object, encoded as UTF-8"
+            code, param = "invalid_value", "body"
+        return envelope(
+            exc.status_code, message, param=param, code=code, headers=getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

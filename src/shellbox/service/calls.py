@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from shellbox.sandbox import CommandFinished, CommandResult, ExecEvent, OutputDe
 from shellbox.sandbox.base import ExecRequest
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
+from shellbox.service.fs import DATA_MOUNT
 from shellbox.service.models import ContainerFileRecord, Principal
 from shellbox.service.shell import ShellLimits, shell_call_output_item
 
@@ -73,11 +75,12 @@ class CallService:
 
     @staticmethod
     def call_id(item: dict[str, Any]) -> str:
-        call_id = item.get("call_id") or item.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            msg = "call_id must be a string"
-            raise InvalidRequest(msg, param="call_id")
-        return call_id or new_id("call_")
+        for key in ("call_id", "id"):
+            value = item.get(key)
+            if value is not None and not isinstance(value, str):
+                msg = f"{key} must be a string (or left out)"
+                raise InvalidRequest(msg, param=key)
+        return item.get("call_id") or item.get("id") or new_id("call_")
 
     # -- shell_call -------------------------------------------------------------------------
 
@@ -167,6 +170,10 @@ class CallService:
         ):
             msg = "action.env must be an object of string values"
             raise InvalidRequest(msg, param="action.env")
+        for name in env:
+            if not name or "=" in name:
+                msg = f"action.env names a variable {name!r}; a name is non-empty and has no '='"
+                raise InvalidRequest(msg, param=f"action.env.{name}")
         timeout = action.get("timeout_ms")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
             msg = "action.timeout_ms must be an integer or null"
@@ -181,8 +188,15 @@ class CallService:
         elif not argv:
             text = "Command is empty.\n"
         else:
+            command = shlex.join(argv)
+            if workdir:
+                # The agent falls back to / when it cannot enter the directory; ``cd`` first
+                # makes a missing directory an error in the output instead, as a local shell's
+                # would be. Relative directories are relative to /mnt/data, like commands.
+                workdir = posixpath.join(DATA_MOUNT, workdir)
+                command = f"cd -- {shlex.quote(workdir)} || exit 1\n{command}"
             request = self.limits.exec_request(
-                [shlex.join(argv)],
+                [command],
                 timeout,
                 None,
                 param="action.command",
@@ -208,6 +222,7 @@ class CallService:
     # -- dispatch ---------------------------------------------------------------------------
 
     async def call(self, principal: Principal, cid: str, item: dict[str, Any]) -> dict[str, Any]:
+        self.call_id(item)  # checked here for every type, before anything runs
         kind = item.get("type")
         if kind == "shell_call":
             return await self.shell_call(principal, cid, item)

@@ -28,6 +28,7 @@ from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRe
 from shellbox.settings import Settings
 from shellbox.store import Database
 from shellbox.store.tables import container_files, files
+from shellbox.store.tables import containers as containers_table
 
 log = logging.getLogger("shellbox.files")
 # A scan costs about 3 us per directory entry here (2 000 entries: 6 ms). Up to this many it
@@ -54,6 +55,8 @@ class FileService:
         containers.release_hooks.append(self.forget)
         containers.reap_hooks.append(self.purge_expired)
         self._next_purge = 0.0
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopping = False
         self._known: dict[str, dict[str, ContainerFileRecord]] = {}
         self._scan_cost: dict[str, int] = {}  # container -> entries its last scan looked at
         self._scan_locks: dict[str, asyncio.Lock] = {}
@@ -63,6 +66,48 @@ class FileService:
         # a file written just before a call can look newer than the call's start.
         self._change_seq = 0
         self._changed_at: dict[str, dict[str, int]] = {}  # container -> path -> change number
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Remove what uploads cut off by a crash left: the Files API's temporaries at once
+        (one directory, and no upload is in flight before the server listens), and every
+        container's ``.shellbox-upload-*`` in a worker thread in the background, so that
+        start-up does not wait for a walk of every data directory (``fs.sweep_uploads`` keeps
+        the temporaries of uploads this process starts meanwhile)."""
+        for tmp in self.blob_dir.glob(".upload-*"):
+            tmp.unlink(missing_ok=True)
+        with self.db.connect() as conn:
+            ids = list(conn.scalars(select(containers_table.c.id)))
+        if ids:
+            self._sweeper = asyncio.create_task(self._sweep(ids), name="shellbox-upload-sweep")
+
+    async def _sweep(self, ids: list[str]) -> None:
+        started = time.monotonic()
+
+        def sweep() -> int:
+            removed = 0
+            for cid in ids:
+                if self._stopping:
+                    break
+                try:
+                    removed += fs.sweep_uploads(self.containers.data_dir(cid))
+                except OSError:
+                    log.exception("could not sweep upload leftovers of %s", cid)
+            return removed
+
+        removed = await anyio.to_thread.run_sync(sweep)
+        log.info(
+            "upload leftovers: removed %d in %d containers in %.1f s",
+            removed,
+            len(ids),
+            time.monotonic() - started,
+        )
+
+    async def close(self) -> None:
+        self._stopping = True  # the thread stops after the container it is sweeping
+        if self._sweeper is not None:
+            await self._sweeper
 
     # -- Files API --------------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,11 @@ NAME_MAX = 255  # bytes in one path component (Linux)
 PATH_MAX = 4096  # bytes in a whole path, its NUL included (Linux)
 MAX_SYMLINKS = 40  # links followed while resolving one path (Linux's own limit)
 MAX_RESOLVE_STEPS = 4096  # directories opened to resolve one path: ~85 ms for a crafted tree
+# An upload is written to ``.shellbox-upload-<run>-<n>`` next to its target, then renamed. The
+# run token tells this process's temporaries (in flight) from those a crashed one left.
+UPLOAD_PREFIX = ".shellbox-upload-"
+_RUN = secrets.token_hex(6)
+_UPLOAD_SEQ = itertools.count()
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -325,7 +332,7 @@ def write_file(
     """
     parts = rel.split("/")
     name = parts[-1]
-    tmp = f".shellbox-upload-{os.getpid()}-{id(chunks)}"
+    tmp = f"{UPLOAD_PREFIX}{_RUN}-{next(_UPLOAD_SEQ)}"
     base = os.open(root, _DIR_FLAGS)  # one directory open at a time, however deep the path
     try:
         depth = 0
@@ -523,7 +530,7 @@ def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[
             except FileNotFoundError:
                 continue
             if stat.S_ISREG(st.st_mode):
-                if not entry.name.startswith(".shellbox-upload-"):
+                if not entry.name.startswith(UPLOAD_PREFIX):
                     out.append(Entry(f"{prefix}{entry.name}", st.st_size, st.st_mtime_ns))
             elif stat.S_ISDIR(st.st_mode) and depth < MAX_SCAN_DEPTH:
                 subdirs.append(entry.name)
@@ -540,3 +547,53 @@ def _scan_dir(dfd: int, prefix: str, depth: int, out: list[Entry], budget: list[
             _scan_dir(sub, f"{prefix}{name}/", depth + 1, out, budget)
         finally:
             os.close(sub)
+
+
+def sweep_uploads(root: Path) -> int:
+    """Remove the upload temporaries an earlier server process left under ``root`` (a crash
+    mid-upload); returns how many. Only files this server's uid owns are touched (the upload
+    is handed to the sandbox user only just before its rename), so a sandbox's own file of a
+    similar name stays. Walks like ``scan``: no symlinks followed, at most MAX_SCAN_DEPTH."""
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        return 0
+    try:
+        return _sweep_dir(top, 0, f"{UPLOAD_PREFIX}{_RUN}-", os.getuid())
+    finally:
+        os.close(top)
+
+
+def _sweep_dir(dfd: int, depth: int, ours: str, uid: int) -> int:
+    removed = 0
+    subdirs: list[str] = []
+    with os.scandir(dfd) as it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if depth < MAX_SCAN_DEPTH:
+                    subdirs.append(entry.name)
+            elif (
+                stat.S_ISREG(st.st_mode)
+                and st.st_uid == uid
+                and entry.name.startswith(UPLOAD_PREFIX)
+                and not entry.name.startswith(ours)
+            ):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.name, dir_fd=dfd)
+                    removed += 1
+    for name in subdirs:
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES):
+                continue
+            raise
+        try:
+            removed += _sweep_dir(sub, depth + 1, ours, uid)
+        finally:
+            os.close(sub)
+    return removed

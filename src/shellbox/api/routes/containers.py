@@ -6,22 +6,34 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.idempotency import REPLAYED, begin, idempotent, request_key
+from shellbox.api.idempotency import service as idempotency_service
 from shellbox.api.json_body import read_json_object
-from shellbox.errors import InvalidRequest, ShellboxError
+from shellbox.api.strings import check_value, checked_params, checked_request
+from shellbox.errors import InvalidRequest, NotFound, ShellboxError
 from shellbox.service.containers import CreateContainer
+from shellbox.service.idempotency import Stored
 
-router = APIRouter(prefix="/v1/containers", tags=["containers"])
+# Every route's parameters are checked first; JSON bodies too, by ``checked_request`` where
+# FastAPI parses the body, and by the calls route itself, which reads its (large) body once.
+router = APIRouter(
+    prefix="/v1/containers", tags=["containers"], dependencies=[Depends(checked_params)]
+)
 
 
-@router.post("")
+@router.post("", dependencies=[Depends(checked_request)])
 async def create_container(
-    body: schemas.CreateContainerBody, principal: PrincipalDep, services: ServicesDep
-) -> JSONResponse:
+    request: Request,
+    body: schemas.CreateContainerBody,
+    principal: PrincipalDep,
+    services: ServicesDep,
+) -> Response:
     req = CreateContainer(
         name=body.name,
         memory_limit=body.memory_limit or "1g",
@@ -32,8 +44,22 @@ async def create_container(
         else {"type": "disabled"},
         skills=body.skills or [],
     )
-    record = await services.containers.create(principal, req)
-    return JSONResponse(schemas.container(record, services.runtime.image_rootfs))
+
+    rootfs = services.runtime.image_rootfs
+
+    async def create() -> Response:
+        record = await services.containers.create(principal, req)
+        return JSONResponse(schemas.container(record, rootfs))
+
+    def created_before(cid: str) -> Response | None:
+        # A keyed create cut off by a crash: the container it made (if it got that far) is
+        # the answer, rather than a second one.
+        try:
+            return JSONResponse(schemas.container(services.containers.get(principal, cid), rootfs))
+        except NotFound:
+            return None
+
+    return await idempotent(request, principal, services, create, rerun=True, resume=created_before)
 
 
 @router.get("")
@@ -95,22 +121,47 @@ CALL_BODY: dict[str, Any] = {  # the body is read by hand (json_body.py): descri
 
 @router.post("/{container_id}/calls", openapi_extra=CALL_BODY)
 async def create_call(
+    request: Request,
     container_id: str,
     principal: PrincipalDep,
     services: ServicesDep,
-    request: Request,
     stream: Annotated[bool, Query(description="answer with server-sent events")] = False,
 ) -> Any:
     """Run one ``shell_call``, ``local_shell_call`` or ``apply_patch_call`` item; returns the
     matching output item (or, with ``?stream=true``, SSE events ending with that item)."""
     item = await read_json_object(request, what=CALL_ITEM)
+    check_value(item)  # before anything runs: a lone surrogate or NUL is a 400 naming its field
     if not stream:
-        return JSONResponse(await services.calls.call(principal, container_id, item))
+
+        async def run() -> Response:
+            return JSONResponse(await services.calls.call(principal, container_id, item))
+
+        # A retry after a crash must not run the command a second time: rerun=False.
+        return await idempotent(request, principal, services, run, rerun=False)
     if item.get("type") != "shell_call":
         msg = "?stream=true is supported for shell_call items only"
         raise InvalidRequest(msg, param="stream")
     services.calls.shell_request(item)  # validate before the 200 goes out
+    services.calls.call_id(item)
     services.containers.get(principal, container_id)
+    # With an Idempotency-Key, the final output item is kept; a retry gets it back as one
+    # response.output_item.done event (without the deltas).
+    key = request_key(request)
+    claim = None
+    if key is not None:
+        begun = await begin(request, principal, services, key, rerun=False)
+        if begun.replay is not None:
+            done = {
+                "type": "response.output_item.done",
+                "sequence_number": 1,
+                "output_index": 0,
+                "item": json.loads(begun.replay.body),
+            }
+            return StreamingResponse(
+                iter([_sse(done)]), media_type="text/event-stream", headers=REPLAYED
+            )
+        claim = begun.claim
+    idem = idempotency_service(services)
     # An async generator (typed as an iterator by the service): closed below when the
     # client leaves, which tells the agent to kill the running command.
     events = cast(
@@ -121,6 +172,9 @@ async def create_call(
     async def body() -> AsyncIterator[bytes]:
         try:
             async for event in events:
+                if claim is not None and event["type"] == "response.output_item.done":
+                    result = json.dumps(event["item"], ensure_ascii=False).encode()
+                    idem.finish(claim, Stored(200, "application/json", result))
                 yield _sse(event)
         except ShellboxError as exc:
             yield _sse(
@@ -128,9 +182,14 @@ async def create_call(
             )
         finally:
             await events.aclose()  # a client that left: the agent kills the running command
+            if claim is not None:
+                idem.release(claim)  # a stream cut short: a retry runs it (no-op when done)
 
+    # The background task releases the key also when the stream never started (the client
+    # left before): the generator's finally would not run then.
     return StreamingResponse(
         body(),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        background=BackgroundTask(idem.release, claim) if claim is not None else None,
     )

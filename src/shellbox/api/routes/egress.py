@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.strings import checked_params
 from shellbox.egress.service import EgressService
 
-router = APIRouter(prefix="/v1/containers", tags=["egress"])
+router = APIRouter(prefix="/v1/containers", tags=["egress"], dependencies=[Depends(checked_params)])
 
 
 @router.get("/{container_id}/egress")

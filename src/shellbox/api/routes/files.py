@@ -7,16 +7,20 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.idempotency import idempotent
+from shellbox.api.strings import check_form, checked_request
 from shellbox.errors import InvalidRequest, PayloadTooLarge
+from shellbox.service.models import FileRecord, Principal
+from shellbox.services import Services
 
-router = APIRouter(prefix="/v1", tags=["files"])
+router = APIRouter(prefix="/v1", tags=["files"], dependencies=[Depends(checked_request)])
 CHUNK = 1 << 16
 
 
@@ -28,7 +32,7 @@ def _chunks(upload: StarletteUploadFile) -> Iterator[bytes]:
 
 async def _form(request: Request) -> Any:
     try:
-        return await request.form(max_files=1, max_fields=20)
+        form = await request.form(max_files=1, max_fields=20)
     except StarletteHTTPException as exc:
         if exc.status_code == 413:
             raise  # the body size cap's 413
@@ -39,6 +43,8 @@ async def _form(request: Request) -> Any:
     except Exception as exc:  # malformed multipart bodies are the client's mistake
         msg = f"could not parse the multipart body: {exc}"
         raise InvalidRequest(msg, param="file") from None
+    check_form(form)
+    return form
 
 
 @router.post("/files")
@@ -64,6 +70,22 @@ async def create_file(request: Request, principal: PrincipalDep, services: Servi
         if not 3600 <= seconds <= 2_592_000:
             msg = "expires_after[seconds] must be between 3600 and 2592000"
             raise InvalidRequest(msg, param="expires_after.seconds")
+
+    async def create() -> Response:
+        return JSONResponse(
+            schemas.file(await _save_file(services, principal, upload, purpose, seconds))
+        )
+
+    return await idempotent(request, principal, services, create, rerun=True, form=form)
+
+
+async def _save_file(
+    services: Services,
+    principal: Principal,
+    upload: StarletteUploadFile,
+    purpose: str,
+    seconds: int | None,
+) -> FileRecord:
     cap = services.settings.limits.upload_max_bytes
     tmp = services.files.temp_path()
 
@@ -86,7 +108,7 @@ async def create_file(request: Request, principal: PrincipalDep, services: Servi
     finally:
         if tmp.exists():
             os.unlink(tmp)
-    return JSONResponse(schemas.file(record))
+    return record
 
 
 @router.get("/files")
@@ -136,8 +158,13 @@ async def create_container_file(
         except ValueError:
             msg = 'the JSON body must be {"file_id": "file-..."}'
             raise InvalidRequest(msg, param="file_id") from None
-        record = await services.files.upload_from_file(principal, container_id, body.file_id)
-        return JSONResponse(schemas.container_file(record))
+        file_id = body.file_id
+
+        async def copy() -> Response:
+            record = await services.files.upload_from_file(principal, container_id, file_id)
+            return JSONResponse(schemas.container_file(record))
+
+        return await idempotent(request, principal, services, copy, rerun=True)
     if not ctype.startswith("multipart/form-data"):
         msg = "send multipart/form-data with a 'file' part, or JSON {\"file_id\": ...}"
         raise InvalidRequest(msg, param="file")
@@ -147,8 +174,13 @@ async def create_container_file(
         msg = "the multipart part 'file' is required (or send JSON {\"file_id\": ...})"
         raise InvalidRequest(msg, param="file")
     filename = upload.filename or ""
-    record = await services.files.upload(principal, container_id, filename, _chunks(upload))
-    return JSONResponse(schemas.container_file(record))
+
+    async def write() -> Response:
+        record = await services.files.upload(principal, container_id, filename, _chunks(upload))
+        return JSONResponse(schemas.container_file(record))
+
+    # Writing the same bytes again is harmless, so a write cut off by a crash may rerun.
+    return await idempotent(request, principal, services, write, rerun=True, form=form)
 
 
 @router.get("/containers/{container_id}/files")

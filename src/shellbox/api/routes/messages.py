@@ -17,11 +17,12 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from shellbox.api.deps import ServicesDep, bearer_auth, peer_host
 from shellbox.api.routes.responses import SSE_HEADERS, responses_service
+from shellbox.api.strings import check_value, checked_params
 from shellbox.errors import ShellboxError
 from shellbox.responses import messages
 from shellbox.service.models import Principal
 
-router = APIRouter(tags=["messages"])
+router = APIRouter(tags=["messages"], dependencies=[Depends(checked_params)])
 
 
 def principal_from_either_header(
@@ -52,6 +53,7 @@ async def create_message(
     body: Annotated[dict[str, Any], Body(description="an Anthropic Messages API request")],
 ) -> Any:
     try:
+        check_value(body)  # here, so that its 400 too has Anthropic's envelope
         request, streamed = messages.parse_messages_request(body)
         run = await responses_service(services).create_run(principal, request, id_prefix="msg_")
         if not streamed:

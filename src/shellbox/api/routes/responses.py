@@ -11,17 +11,21 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Body, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from shellbox.api.deps import PrincipalDep, ServicesDep
+from shellbox.api.idempotency import idempotent
+from shellbox.api.strings import checked_request
 from shellbox.responses.events import sse
 from shellbox.responses.loop import Run
 from shellbox.responses.request import parse_response_request
 from shellbox.responses.service import ResponsesService
 from shellbox.services import Services
 
-router = APIRouter(prefix="/v1/responses", tags=["responses"])
+router = APIRouter(
+    prefix="/v1/responses", tags=["responses"], dependencies=[Depends(checked_request)]
+)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -51,17 +55,25 @@ def stream(run: Run) -> StreamingResponse:
 
 @router.post("")
 async def create_response(
+    request: Request,
     principal: PrincipalDep,
     services: ServicesDep,
     body: Annotated[dict[str, Any], Body(description="a Responses API request")],
 ) -> Any:
     started = time.perf_counter_ns()
-    request, streamed = parse_response_request(body)
-    run = await responses_service(services).create_run(principal, request, id_prefix="resp_")
+    parsed, streamed = parse_response_request(body)
+    service = responses_service(services)
     if streamed:
-        return stream(run)
-    response = await run.result()
-    return JSONResponse(response, headers={"server-timing": server_timing(run, started)})
+        # Idempotency-Key is not kept for streams: the response is stored under its id
+        # (``store``), which a client that lost the stream can retrieve.
+        return stream(await service.create_run(principal, parsed, id_prefix="resp_"))
+
+    async def result() -> Response:
+        run = await service.create_run(principal, parsed, id_prefix="resp_")
+        response = await run.result()
+        return JSONResponse(response, headers={"server-timing": server_timing(run, started)})
+
+    return await idempotent(request, principal, services, result, rerun=False)
 
 
 @router.get("/{response_id}")

@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import IO, Annotated, Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.strings import check_form, checked_request
 from shellbox.errors import InvalidRequest
 from shellbox.services import Services
 from shellbox.skills import SkillService
@@ -25,7 +26,7 @@ from shellbox.skills.bundle import BundleUpload, classify
 from shellbox.skills.models import SkillRecord, SkillVersionRecord
 from shellbox.skills.mounts import index_document
 
-router = APIRouter(prefix="/v1", tags=["skills"])
+router = APIRouter(prefix="/v1", tags=["skills"], dependencies=[Depends(checked_request)])
 CHUNK = 1 << 16
 FILE_FIELDS = ("files", "files[]")
 
@@ -88,6 +89,7 @@ async def _bundle_form(
             msg = f"could not parse the multipart body: {detail}"
         raise InvalidRequest(msg, param="files") from None
     try:
+        check_form(form)
         parts: list[tuple[str, IO[bytes]]] = []
         for key, value in form.multi_items():
             if key not in FILE_FIELDS:

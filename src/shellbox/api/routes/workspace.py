@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shellbox.api.deps import PrincipalDep, ServicesDep
+from shellbox.api.strings import checked_params
 from shellbox.service.workspace import WorkspaceService
 from shellbox.services import Services
 
-router = APIRouter(prefix="/v1/containers/{container_id}/workspace", tags=["workspace"])
+# Bodies here are file bytes and tar archives, not text: only the parameters are checked.
+router = APIRouter(
+    prefix="/v1/containers/{container_id}/workspace",
+    tags=["workspace"],
+    dependencies=[Depends(checked_params)],
+)
 
 PathQuery = Annotated[str, Query(description="a file under /mnt/data (relative or absolute)")]
 DirQuery = Annotated[

@@ -13,11 +13,12 @@ the container as the agent's stdin (socket activation): a client can connect the
 polls. The socket lives in a directory only the container's root can open; the sandbox user
 cannot reach it.
 
-Everything happens in one thread around one ``epoll`` loop: connections, command pipes, the
-SIGCHLD wake-up and timers. As PID 1 the agent also reaps every orphan; command exit statuses
-are picked out of the same ``waitpid(-1)`` loop, so nothing else may call ``waitpid``. The
-agent keeps a handler for SIGCHLD only (Python's own SIGINT handler is reset): as a
-namespace's init it then ignores every other signal sent from inside the container.
+Everything happens in one thread (not the main one: see *Starting a command*) around one
+``epoll`` loop: connections, command pipes, the SIGCHLD wake-up and timers. As PID 1 the
+agent also reaps every orphan; command exit statuses are picked out of the same
+``waitpid(-1)`` loop, so nothing else may call ``waitpid``. The agent keeps a handler for
+SIGCHLD only (Python's own SIGINT handler is reset): as a namespace's init it then ignores
+every other signal sent from inside the container.
 
 **Start-up time** is most of a container's creation time, so imports are kept to C modules
 (``posix``, ``_socket``, ``select``, ``_signal``, ``_json``): importing ``os``, ``socket``,

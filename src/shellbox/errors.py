@@ -216,6 +216,11 @@ class AgentUnavailable(SandboxError):
     code = ErrorCode.agent_unavailable
 
 
+class AgentOutdated(AgentUnavailable):
+    """The agent answers in another protocol version (a container started by an older or newer
+    shellbox and adopted after an upgrade): it must be started again with this one's agent."""
+
+
 class AgentNotReachable(AgentUnavailable):
     """The agent's socket refused the connection: no request reached the sandbox, so it is
     safe to start the container again and send the request once more."""

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -317,7 +318,9 @@ async def test_kernel_interfaces_are_refused(runtime: OciRuntime, container: str
         "unshare -m true": "",
         "cat /proc/1/environ": "Permission denied",
         "ls /proc/1/fd": "Permission denied",
-        "kill -9 1": "",
+        # Refused by the kernel (EPERM) every time: the agent's main thread, which kill(1) is
+        # checked against, never takes the sandbox user's uid (see the test below).
+        "kill -9 1": "Operation not permitted",
     }
     for command, message in checks.items():
         r = await run1(runtime, container, command)
@@ -343,6 +346,40 @@ async def test_kernel_interfaces_are_refused(runtime: OciRuntime, container: str
     ]
     r = await run1(runtime, container, "echo alive")
     assert r.stdout == "alive\n"
+
+
+async def test_the_sandbox_user_can_never_signal_the_agent(
+    runtime: OciRuntime, container: str
+) -> None:
+    """The agent starts a command by posix_spawn, which gives the child the real uid of the
+    calling thread, so for a moment some thread of the agent holds uid 1000. If that were PID
+    1's main thread, a command running meanwhile could signal PID 1 (the kernel allows it to
+    any process whose real uid is the sender's): SIGINT raised KeyboardInterrupt in the agent.
+    An attacker probes PID 1 in a loop while other calls start many commands at once."""
+    # PID 1 handles SIGCHLD alone (the kernel drops the others for a namespace's init);
+    # signals 32 and 33 are glibc's own, which check the sender is the process itself.
+    r = await run1(runtime, container, "grep SigCgt /proc/1/status")
+    assert int(r.stdout.split()[1], 16) & 0xFFFFFFFF == 1 << (signal.SIGCHLD - 1), r.stdout
+    pid = await runtime.agent_pid(container)
+    attack = (
+        "n=0; tries=0; until [ -e /tmp/stop ]; do tries=$((tries+1)); "
+        "kill -0 1 2>/dev/null && n=$((n+1)); kill -INT 1 2>/dev/null && n=$((n+1)); "
+        "kill -CHLD 1 2>/dev/null && n=$((n+1)); done; echo $n $tries; kill -INT 1"
+    )
+    attacker = asyncio.create_task(runtime.run(container, ExecRequest([attack], 60_000, 1000)))
+    await asyncio.sleep(0.2)
+    bursts = [ExecRequest(["true"] * 60, 60_000, 100) for _ in range(5)]
+    for _ in range(3):
+        results = await asyncio.gather(*(runtime.run(container, b) for b in bursts))
+        assert all(r.outcome.exit_code == 0 for rs in results for r in rs)
+    await run1(runtime, container, "touch /tmp/stop")
+    [r] = await attacker
+    hits, tries = map(int, r.stdout.split())
+    assert hits == 0 and tries > 100, r.stdout
+    assert "Operation not permitted" in r.stderr, r.stderr
+    r = await run1(runtime, container, "echo alive")
+    assert r.stdout == "alive\n"
+    assert await runtime.agent_pid(container) == pid  # the same agent: it never died
 
 
 async def test_the_agent_socket_is_unreachable_for_the_sandbox_user(

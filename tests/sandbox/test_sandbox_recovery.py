@@ -5,6 +5,7 @@ uncleanly, a new one starts on the same state directory and takes everything bac
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -13,11 +14,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from sandbox_helpers import IMAGE_DIR, REPO, host_pids, run1, wait_gone
 
+from shellbox.agent import protocol
+from shellbox.errors import AgentUnavailable
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
+from shellbox.sandbox.crun import AGENT_FILES
 from shellbox.settings import Settings
+
+# The last commit whose agent spoke protocol 1 (commands inside the JSON header).
+PROTOCOL_1_AGENT = Path(__file__).resolve().parent / "agent_protocol_1"
 
 SERVICE = (
     "python3 -m http.server 8421 --bind 127.0.0.1 >/dev/null 2>&1 & "
@@ -110,6 +118,59 @@ async def test_a_container_that_died_with_its_owner_is_restarted_with_its_files(
     finally:
         await rt.destroy(cid)
     assert leftovers(rt, cid) == []
+
+
+def install_protocol_1_agent(state: Path) -> Path:
+    """The agent an older shellbox (protocol 1, commit faf5867) installed: a verbatim copy
+    kept as test data in ``agent_protocol_1/``."""
+    target = state / "agent" / "protocol-1"
+    target.mkdir(parents=True)
+    for name in AGENT_FILES:
+        shutil.copyfile(PROTOCOL_1_AGENT / name, target / name)
+        (target / name).chmod(0o644)
+    target.chmod(0o755)
+    target.parent.chmod(0o755)
+    return target
+
+
+async def agent_version(rt: OciRuntime, cid: str) -> int:
+    reader, writer = await asyncio.open_unix_connection(str(rt.socket_path(cid)))
+    writer.write(b'{"op": "ping"}\n')
+    answer = json.loads(await reader.readline())
+    writer.close()
+    return int(answer["version"])
+
+
+async def test_containers_of_an_older_agent_protocol_are_restarted_after_an_upgrade(
+    host_state_dir: Path,
+) -> None:
+    """Containers an older shellbox started keep running through the upgrade; their agent
+    answers every call of the new protocol with an error. The new server starts them again
+    (files kept) when it adopts them, or on the first call if it adopted them unasked."""
+    before = runtime_on(host_state_dir)  # the shellbox before the upgrade: its agent
+    before.agent_dir = install_protocol_1_agent(host_state_dir)
+    recovered, called = new_id("cntr_"), new_id("cntr_")
+    try:
+        for cid in (recovered, called):
+            await before.create(ContainerSpec(id=cid))
+            with pytest.raises(AgentUnavailable, match="speaks protocol 1, not"):
+                await before.start(cid)
+            assert await agent_version(before, cid) == 1
+            (before.data_dir(cid) / "file.txt").write_text("kept\n")
+        after = runtime_on(host_state_dir)
+        # Adopted without a check (as by a server that does not call recover): the first
+        # call is refused by the old agent, which is then replaced and the call sent again.
+        r = await run1(after, called, "cat file.txt")
+        assert (r.stdout, r.outcome.exit_code) == ("kept\n", 0), r
+        assert await agent_version(after, called) == protocol.PROTOCOL_VERSION
+        # recover() restarts the other one rather than adopt it.
+        assert await after.recover() == {recovered: "restarted", called: "adopted"}
+        assert await agent_version(after, recovered) == protocol.PROTOCOL_VERSION
+        r = await run1(after, recovered, "cat file.txt")
+        assert r.stdout == "kept\n"
+    finally:
+        for cid in (recovered, called):
+            await before.destroy(cid)
 
 
 async def test_recovery_after_the_runtime_state_is_gone(host_state_dir: Path) -> None:

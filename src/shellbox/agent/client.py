@@ -13,6 +13,7 @@ from typing import Any
 from shellbox.agent import protocol
 from shellbox.errors import (
     AgentNotReachable,
+    AgentOutdated,
     AgentUnavailable,
     ContainerBusy,
     InvalidRequest,
@@ -64,7 +65,10 @@ async def _connect_raw(socket_path: Path) -> socket.socket:
 
 
 async def ping(socket_path: Path) -> dict[str, Any]:
-    """Ask the agent for a sign of life. Raises ``AgentUnavailable`` if it cannot answer.
+    """Ask the agent for a sign of life. Raises ``AgentUnavailable`` if it cannot answer, and
+    ``AgentOutdated`` if it speaks another protocol version than ``protocol.PROTOCOL_VERSION``
+    (every agent since the first answers ``ping`` with its version): such an agent answers
+    every call with an error, so whoever adopts a running container must start it again.
 
     The host binds the socket before the agent starts, so right after a start this waits
     (without polling) until the agent is up and takes the request from the backlog."""
@@ -82,6 +86,13 @@ async def ping(socket_path: Path) -> dict[str, Any]:
         msg = "the sandbox agent closed the connection without answering"
         raise AgentUnavailable(msg)
     answer: dict[str, Any] = json.loads(line)
+    version = answer.get("version") if isinstance(answer, dict) else None
+    if version != protocol.PROTOCOL_VERSION:
+        msg = (
+            f"the sandbox agent at {socket_path} speaks protocol {version!r}, "
+            f"not {protocol.PROTOCOL_VERSION}"
+        )
+        raise AgentOutdated(msg)
     return answer
 
 

@@ -13,11 +13,12 @@ the container as the agent's stdin (socket activation): a client can connect the
 polls. The socket lives in a directory only the container's root can open; the sandbox user
 cannot reach it.
 
-Everything happens in one thread around one ``epoll`` loop: connections, command pipes, the
-SIGCHLD wake-up and timers. As PID 1 the agent also reaps every orphan; command exit statuses
-are picked out of the same ``waitpid(-1)`` loop, so nothing else may call ``waitpid``. The
-agent installs a handler for SIGCHLD only: as a namespace's init it then ignores every other
-signal the sandbox user could send it.
+Everything happens in one thread (not the main one: see *Starting a command*) around one
+``epoll`` loop: connections, command pipes, the SIGCHLD wake-up and timers. As PID 1 the
+agent also reaps every orphan; command exit statuses are picked out of the same
+``waitpid(-1)`` loop, so nothing else may call ``waitpid``. The agent keeps a handler for
+SIGCHLD only (Python's own SIGINT handler is reset): as a namespace's init it then ignores
+every other signal sent from inside the container.
 
 **Start-up time** is most of a container's creation time, so imports are kept to C modules
 (``posix``, ``_socket``, ``select``, ``_signal``, ``_json``): importing ``os``, ``socket``,
@@ -33,10 +34,16 @@ thawed, so ``setsid`` and double-forked escapers die too.
 ways:
 
 * in a burst of calls, ``posix_spawn`` (vfork+exec, the cheapest start there is): the agent
-  steps into the command's cgroups, takes uid 1000 as its *real* uid (its effective uid and
-  capabilities stay root's; as a namespace init with a handler for SIGCHLD only, it ignores any
-  signal uid 1000 could send meanwhile), spawns with ``POSIX_SPAWN_RESETIDS`` so the child's
-  every uid is 1000, and steps back;
+  steps into the command's cgroups, its loop thread takes uid 1000 as its *real* uid (its
+  effective uid and capabilities stay root's), spawns with ``POSIX_SPAWN_RESETIDS`` so the
+  child's every uid is 1000, and steps back. ``posix_spawn`` gives the child the real uid of
+  the thread that calls it, so some thread of the agent must hold uid 1000 for that moment;
+  it must never be PID 1's own (main) thread: the kernel lets a process signal, renice or
+  re-pin any process whose real uid is its own, so uid 1000 could then signal PID 1 (a
+  command running on the other core, or the spawned child itself). Hence the agent's loop
+  runs in a second thread whose ids alone change (a raw ``setresuid`` system call: glibc's
+  ``setresuid`` changes every thread's), and the main thread, which ``kill(1, ...)`` is
+  checked against, stays root and only waits;
 * after a quiet spell, from the *spare*: a fork of the agent that has already joined the next
   command's cgroups and waits on a pipe; the command costs a pipe write and an ``execve``.
   A cgroup move costs an RCU grace period (~10 ms, seen here) when no move happened in the
@@ -177,6 +184,64 @@ def _kill_quietly(pid: int, sig: int = _signal.SIGKILL) -> None:
         posix.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# setresuid and setresgid by architecture: the raw system calls change the calling thread's
+# ids alone (see ``ThreadIds``).
+SETRES_SYSCALLS = {"x86_64": (117, 119), "aarch64": (147, 149)}
+
+
+class ThreadIds:
+    """Sets the real uid and gid of the calling thread alone, by raw system call.
+
+    glibc's ``setresuid`` (``posix.setresuid``) applies to every thread of the process, PID 1's
+    main thread included; the system call applies to the caller only. ``_ctypes`` is the only
+    way to it from the standard library (~0.4 ms to import, as the loop starts; ``ctypes`` would
+    cost ~3 ms). On a machine it does not know ``available()`` is None: commands then always
+    start from a fork (``Spare``), which sets its ids in its own process.
+    """
+
+    def __init__(self, setresuid: int, setresgid: int) -> None:
+        import _ctypes
+
+        ct: Any = _ctypes
+
+        class CLong(ct._SimpleCData):  # type: ignore[misc]  # ctypes.c_long
+            _type_ = "l"
+
+        class Func(ct.CFuncPtr):  # type: ignore[misc]
+            _flags_ = ct.FUNCFLAG_CDECL | ct.FUNCFLAG_USE_ERRNO
+            _restype_ = CLong
+
+        class Libc:  # what ctypes.CDLL(None) is to CFuncPtr: the process's own symbols
+            _handle = ct.dlopen(None, 0)
+
+        self._syscall = Func(("syscall", Libc()))
+        self._syscall.argtypes = (CLong, CLong, CLong, CLong)
+        self._get_errno = ct.get_errno
+        self._nr_uid = setresuid
+        self._nr_gid = setresgid
+
+    @staticmethod
+    def available() -> ThreadIds | None:
+        nrs = SETRES_SYSCALLS.get(posix.uname().machine)
+        if nrs is None:
+            return None
+        try:
+            return ThreadIds(*nrs)
+        except (ImportError, OSError, AttributeError) as exc:
+            log(f"no raw system calls ({exc}): commands start from a fork")
+            return None
+
+    def _call(self, nr: int, real: int) -> None:
+        if self._syscall(nr, real, -1, -1) != 0:
+            code = self._get_errno()
+            raise OSError(code, f"setres[ug]id: {posix.strerror(code)}")
+
+    def set_real(self, uid: int, gid: int) -> None:
+        """Make ``uid``/``gid`` this thread's real ids; effective and saved ones stay."""
+        self._call(self._nr_gid, gid)
+        self._call(self._nr_uid, uid)
 
 
 class Cgroups:
@@ -933,6 +998,12 @@ class Agent:
         posix.set_blocking(wfd, False)
         _signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
         _signal.signal(_signal.SIGCHLD, _noop_handler)
+        # As a namespace's init, a signal whose handler is SIG_DFL is dropped by the kernel,
+        # whoever sends it: keep no handler but SIGCHLD's (Python installs one for SIGINT).
+        for sig in range(1, _signal.NSIG):
+            if sig != _signal.SIGCHLD and callable(_signal.getsignal(sig)):
+                _signal.signal(sig, _signal.SIG_DFL)
+        self.thread_ids: ThreadIds | None = None  # made by the loop thread (``run``)
         self.wake_fd = rfd
         self.listener = listener
         listener.setblocking(False)
@@ -968,6 +1039,8 @@ class Agent:
         """Whether the next command should start from the spare: after a quiet spell, when a
         cgroup move of our own could wait for an RCU grace period (~10 ms here)."""
         spare = self.spare
+        if self.thread_ids is None:  # no safe way to spawn: always fork
+            return True
         return (
             spare is not None
             and not spare.dead
@@ -1004,9 +1077,10 @@ class Agent:
                     view = view[posix.write(mfd, view) :]
                 posix.lseek(mfd, 0, 0)
                 actions.append((posix.POSIX_SPAWN_DUP2, mfd, 3))
-            posix.setresgid(gid, 0, 0)
-            posix.setresuid(uid, 0, 0)
+            ids = self.thread_ids
+            assert ids is not None  # use_spare() is always true without them
             try:
+                ids.set_real(uid, gid)  # this thread's: never PID 1's main thread (see the top)
                 # access() checks with the real ids: can the sandbox user work there?
                 if not posix.access(cwd, posix.X_OK):
                     cwd = "/"
@@ -1019,8 +1093,7 @@ class Agent:
                     setsigmask=(), setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
                 )  # fmt: skip
             finally:
-                posix.setresuid(0, 0, 0)
-                posix.setresgid(0, 0, 0)
+                ids.set_real(0, 0)
         except BaseException:
             posix.close(out_r)
             posix.close(err_r)
@@ -1152,6 +1225,7 @@ class Agent:
                 self.retire_group(spare.group)
 
     def run(self) -> None:
+        self.thread_ids = ThreadIds.available()
         last_sweep = time.monotonic()
         gc.freeze()  # what exists now is shared with every spare: don't let GC dirty it
         while True:
@@ -1215,9 +1289,29 @@ def listening_socket() -> _socket.socket:
     return sock
 
 
+def _run_loop(agent: Agent) -> None:
+    try:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, [])  # signals come to this thread
+        agent.run()
+    except BaseException as exc:
+        log(f"the loop failed: {type(exc).__name__}: {exc}")
+    posix._exit(1)
+
+
 def main() -> None:
+    """Run the agent's loop in a second thread. The main thread, whose credentials are the
+    ones ``kill(1, ...)`` and ``/proc/1`` are checked against, never changes them: it blocks
+    every signal (so they all go to the loop thread, whose C-level SIGCHLD handler writes the
+    wake-up pipe; the Python-level one, a no-op, never needs to run) and waits forever."""
+    import _thread
+
     posix.umask(0o022)
-    Agent(listening_socket()).run()
+    agent = Agent(listening_socket())
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+    _thread.start_new_thread(_run_loop, (agent,))
+    forever = _thread.allocate_lock()
+    forever.acquire()
+    forever.acquire()
 
 
 if __name__ == "__main__":

@@ -72,8 +72,10 @@ from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
 from shellbox.errors import (
     AgentNotReachable,
+    AgentOutdated,
     AgentUnavailable,
     ContainerNotFound,
+    InvalidRequest,
     SandboxError,
     ShellboxError,
 )
@@ -382,13 +384,16 @@ class OciRuntime:
         (self.container_dir(spec.id) / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
 
     async def start(self, container_id: str) -> None:
-        """Start the container, or adopt it when it already runs and its agent answers."""
+        """Start the container, or adopt it when it already runs and its agent answers in
+        this protocol version (one started by another shellbox version is started again)."""
         async with self._lock(container_id):
             state = await self.state(container_id)
             if state == "running":
                 try:
                     await agent_client.ping(self.socket_path(container_id))
                     return
+                except AgentOutdated as exc:
+                    log.warning("sandbox %s: %s; starting it again", container_id, exc)
                 except (AgentUnavailable, OSError, ValueError):
                     pass
             if state != "absent":
@@ -551,7 +556,8 @@ class OciRuntime:
 
         A running container whose agent answers is adopted as it is (its processes and
         background services keep running); any other one (stopped, absent after a reboot,
-        or with a hung agent) is started again from its disk, files intact. Paused containers
+        with a hung agent, or with an agent of another protocol version: one an older
+        shellbox started) is started again from its disk, files intact. Paused containers
         stay paused. Leftovers of destroyed containers (cgroups, socket directories, OCI
         state) are removed. Returns what was done for each container id.
         """
@@ -618,14 +624,26 @@ class OciRuntime:
                 msg = f"no such container: {container_id}"
                 raise ContainerNotFound(msg)
         env = self.container_env(container_id)
+        answered = False
         try:
             async for event in agent_client.exec_stream(sock, request, base_env=env):
+                answered = True
                 yield event
             return
         except AgentNotReachable:
             running = await self.state(container_id) == "running"
             if running and await self._dying(container_id):
                 running = False  # start() removes what is left of it first
+        except InvalidRequest:
+            # What the server sends is valid, so an agent refusing it before running anything
+            # may speak another protocol: one this process adopted without ``start``. Ask it.
+            if answered or await self._agent_is_current(sock):
+                raise
+            log.warning("sandbox %s: its agent speaks another protocol; restarting", container_id)
+            await self.start(container_id)
+            async for event in agent_client.exec_stream(sock, request, base_env=env):
+                yield event
+            return
         # Nothing of this request reached the sandbox, so it can be sent again. (An agent
         # lost in the middle of a call raises instead: its commands may have partly run.)
         if not running:
@@ -654,6 +672,17 @@ class OciRuntime:
         except (OSError, ValueError, IndexError):
             return True  # gone meanwhile
         return bool(flags & PF_EXITING)
+
+    @staticmethod
+    async def _agent_is_current(sock: Path) -> bool:
+        """False only when the agent answers in another protocol version."""
+        try:
+            await agent_client.ping(sock)
+        except AgentOutdated:
+            return False
+        except (AgentUnavailable, OSError, ValueError):
+            pass
+        return True
 
     def container_env(self, container_id: str) -> dict[str, str]:
         """The clean environment plus the spec's ``env`` (egress proxy variables and the like)."""

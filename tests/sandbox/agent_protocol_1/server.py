@@ -1,0 +1,1047 @@
+"""The shellbox agent: PID 1 of every sandbox container.
+
+Standard library only; the container's python3 runs it from a read-only mount (see
+``sandbox/oci.py``)::
+
+    python3 -I -S -c "import sys; sys.path.insert(0, '/opt/shellbox/agent'); import server; ..."
+
+so that its byte code comes precompiled from ``__pycache__`` (the host compiles it once).
+
+The host binds and listens on the agent's Unix socket itself and hands the listening socket to
+the container as the agent's stdin (socket activation): a client can connect the moment
+``crun run`` returns, and its request waits in the backlog until the agent is up, so nobody
+polls. The socket lives in a directory only the container's root can open; the sandbox user
+cannot reach it.
+
+Everything happens in one thread around one ``epoll`` loop: connections, command pipes, the
+SIGCHLD wake-up and timers. As PID 1 the agent also reaps every orphan; command exit statuses
+are picked out of the same ``waitpid(-1)`` loop, so nothing else may call ``waitpid``. The
+agent installs a handler for SIGCHLD only: as a namespace's init it then ignores every other
+signal the sandbox user could send it.
+
+**Start-up time** is most of a container's creation time, so imports are kept to C modules
+(``posix``, ``_socket``, ``select``, ``_signal``, ``_json``): importing ``os``, ``socket``,
+``signal``, ``selectors`` and ``json`` instead costs ~10 ms on this kind of machine.
+
+**Commands** run in their own freezer cgroup (``cmd-N``; on cgroup v2 a leaf with
+``cgroup.kill``), and all of them share one pids and one memory cgroup (``cmds``) whose limits
+sit below the container's, so a fork bomb or the OOM killer hits a command, never the agent.
+On timeout the command's cgroup is frozen, every process in it is SIGKILLed and the cgroup is
+thawed, so ``setsid`` and double-forked escapers die too.
+
+**Starting a command** means putting a process into those cgroups as the sandbox user, two
+ways:
+
+* in a burst of calls, ``posix_spawn`` (vfork+exec, the cheapest start there is): the agent
+  steps into the command's cgroups, takes uid 1000 as its *real* uid (its effective uid and
+  capabilities stay root's; as a namespace init with a handler for SIGCHLD only, it ignores any
+  signal uid 1000 could send meanwhile), spawns with ``POSIX_SPAWN_RESETIDS`` so the child's
+  every uid is 1000, and steps back;
+* after a quiet spell, from the *spare*: a fork of the agent that has already joined the next
+  command's cgroups and waits on a pipe; the command costs a pipe write and an ``execve``.
+  A cgroup move costs an RCU grace period (~10 ms, seen here) when no move happened in the
+  last few tens of milliseconds; the spare pays it in advance, off the call's path. Moves a
+  few milliseconds apart are nearly free, hence the spawn in bursts, where forking a spare
+  per command would cost ~0.8 ms (copy-on-write faults in the agent).
+"""
+
+# ruff: noqa: SIM105 - contextlib.suppress would cost the agent's start-up an import
+
+from __future__ import annotations
+
+import _socket
+import errno
+import gc
+import marshal
+import posix
+import select
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # ``typing`` alone would cost the agent ~20 ms at start-up here
+    import signal as _signal
+    from typing import Any, ClassVar
+
+    from shellbox.agent import protocol as P
+else:
+    import _signal
+
+    _HERE = __file__.rpartition("/")[0] or "."
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import protocol as P
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+AGENT_MEMORY_RESERVE = 48 * 1024 * 1024  # the commands' memory limit sits this far below ours
+AGENT_PIDS_RESERVE = 16  # processes kept free for the agent and its spare
+READ_CHUNK = 65536
+MAX_FD = 65536
+# A cgroup move within this long of the previous one is cheap (no RCU grace period to wait
+# for): commands then start by posix_spawn directly; after a quiet spell, from the spare.
+BURST_WINDOW_S = 0.02
+
+try:
+    import _json
+
+    class _DecoderContext:
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        memo: ClassVar[dict[str, Any]] = {}
+
+        @staticmethod
+        def parse_constant(name: str) -> float:
+            return float(name.replace("Infinity", "inf"))  # NaN, Infinity, -Infinity
+
+    _scan = _json.make_scanner(_DecoderContext())  # type: ignore[arg-type]
+
+    def _default(obj: object) -> object:
+        msg = f"not JSON serializable: {type(obj).__name__}"
+        raise TypeError(msg)
+
+    _encode = _json.make_encoder(
+        None, _default, _json.encode_basestring, None, ":", ",", False, False, True
+    )
+
+    def json_loads(data: bytes) -> Any:
+        text = data.decode("utf-8").strip()
+        try:
+            obj, end = _scan(text, 0)
+        except StopIteration:
+            msg = "invalid JSON"
+            raise ValueError(msg) from None
+        if end != len(text):
+            msg = "extra data after the JSON value"
+            raise ValueError(msg)
+        return obj
+
+    def json_dumps(obj: object) -> bytes:
+        return "".join(_encode(obj, 0)).encode("utf-8", "replace")
+
+except ImportError:  # pragma: no cover - a Python without the C accelerator
+    import json as _pyjson
+
+    def json_loads(data: bytes) -> Any:
+        return _pyjson.loads(data)
+
+    def json_dumps(obj: object) -> bytes:
+        return _pyjson.dumps(obj, ensure_ascii=False).encode("utf-8", "replace")
+
+
+def log(msg: str) -> None:
+    try:
+        posix.write(2, f"shellbox-agent: {msg}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def write_file(path: str, value: str) -> None:
+    fd = posix.open(path, posix.O_WRONLY | posix.O_CLOEXEC)
+    try:
+        posix.write(fd, value.encode())
+    finally:
+        posix.close(fd)
+
+
+def read_file(path: str) -> str:
+    fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            data = posix.read(fd, 65536)
+            if not data:
+                return b"".join(chunks).decode()
+            chunks.append(data)
+    finally:
+        posix.close(fd)
+
+
+def _exists(path: str) -> bool:
+    return posix.access(path, posix.F_OK)
+
+
+def _mkdir(path: str) -> None:
+    try:
+        posix.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+
+
+def _kill_quietly(pid: int, sig: int = _signal.SIGKILL) -> None:
+    try:
+        posix.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Cgroups:
+    """Per-command cgroups inside the container's own (delegated, namespaced) cgroup tree.
+
+    cgroup v1: ``freezer/cmd-N`` per command; ``pids/cmds`` and ``memory/cmds`` shared by all
+    commands. cgroup v2: the agent in ``agent/``, commands in ``cmds/cmd-N`` with ``cmds``
+    holding the shared pids and memory limits.
+    """
+
+    def __init__(self) -> None:
+        self.v2 = _exists(CGROUP_ROOT + "/cgroup.controllers")
+        self.available = True
+        self.memory_limit = 0
+        self.pids_limit = 0
+        self._counter = 0
+        try:
+            self._setup()
+        except OSError as exc:  # no delegated cgroups: fall back to process-group kills
+            log(f"cgroups unavailable, timeouts fall back to killpg: {exc}")
+            self.available = False
+
+    def _setup(self) -> None:
+        root = CGROUP_ROOT
+        if self.v2:
+            # v2 forbids processes in inner nodes: move the agent into a leaf of its own.
+            _mkdir(root + "/agent")
+            write_file(root + "/agent/cgroup.procs", str(posix.getpid()))
+            write_file(root + "/cgroup.subtree_control", "+pids +memory")
+            _mkdir(root + "/cmds")
+            write_file(root + "/cmds/cgroup.subtree_control", "+pids")
+            mem, pids = root + "/memory.max", root + "/pids.max"
+            cmds_mem, cmds_pids = root + "/cmds/memory.max", root + "/cmds/pids.max"
+        else:
+            for ctl in ("freezer", "pids", "memory"):
+                if not _exists(f"{root}/{ctl}/cgroup.procs"):
+                    raise OSError(errno.ENOENT, f"no {ctl} controller mounted")
+            _mkdir(root + "/memory/cmds")
+            _mkdir(root + "/pids/cmds")
+            mem, pids = root + "/memory/memory.limit_in_bytes", root + "/pids/pids.max"
+            cmds_mem = root + "/memory/cmds/memory.limit_in_bytes"
+            cmds_pids = root + "/pids/cmds/pids.max"
+        raw = read_file(mem).strip()
+        if raw != "max" and int(raw) < (1 << 60):
+            self.memory_limit = int(raw)
+            write_file(cmds_mem, str(max(self.memory_limit - AGENT_MEMORY_RESERVE, 16 << 20)))
+        raw = read_file(pids).strip()
+        if raw != "max":
+            self.pids_limit = int(raw)
+            write_file(cmds_pids, str(max(self.pids_limit - AGENT_PIDS_RESERVE, 8)))
+
+    def new_group(self) -> str:
+        """Create the cgroup for one command; returns its name."""
+        self._counter += 1
+        name = f"cmd-{self._counter}"
+        if self.available:
+            _mkdir(self._group_dir(name))
+        return name
+
+    def _group_dir(self, name: str) -> str:
+        if self.v2:
+            return f"{CGROUP_ROOT}/cmds/{name}"
+        return f"{CGROUP_ROOT}/freezer/{name}"
+
+    def task_files(self, name: str) -> list[str]:
+        """Files a spare writes its own pid to, before it becomes a command."""
+        if not self.available:
+            return []
+        if self.v2:
+            return [f"{CGROUP_ROOT}/cmds/{name}/cgroup.procs"]
+        return [
+            f"{CGROUP_ROOT}/freezer/{name}/cgroup.procs",
+            f"{CGROUP_ROOT}/pids/cmds/cgroup.procs",
+            f"{CGROUP_ROOT}/memory/cmds/cgroup.procs",
+        ]
+
+    def home_files(self) -> list[str]:
+        """Files the agent writes its pid to, to go back to its own cgroups."""
+        if not self.available:
+            return []
+        if self.v2:
+            return [CGROUP_ROOT + "/agent/cgroup.procs"]
+        return [f"{CGROUP_ROOT}/{ctl}/cgroup.procs" for ctl in ("freezer", "pids", "memory")]
+
+    def oom_kills(self) -> int:
+        if not self.available:
+            return 0
+        try:
+            if self.v2:
+                text = read_file(CGROUP_ROOT + "/cmds/memory.events")
+            else:
+                text = read_file(CGROUP_ROOT + "/memory/cmds/memory.oom_control")
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def kill(self, name: str, fallback_pgid: int) -> None:
+        """Kill every process of one command, escapers included."""
+        if not self.available:
+            _kill_quietly(-fallback_pgid)
+            return
+        if self.v2:
+            write_file(f"{CGROUP_ROOT}/cmds/{name}/cgroup.kill", "1")
+            return
+        freezer = f"{CGROUP_ROOT}/freezer/{name}"
+        state = freezer + "/freezer.state"
+        # A frozen process cannot fork, and ignores SIGKILL until thawed: freeze, kill, thaw.
+        for _ in range(5):
+            write_file(state, "FROZEN")
+            deadline = time.monotonic() + 1.0
+            while read_file(state).strip() != "FROZEN" and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            pids = [int(p) for p in read_file(freezer + "/cgroup.procs").split()]
+            for pid in pids:
+                _kill_quietly(pid)
+            write_file(state, "THAWED")
+            if not pids:
+                return
+            deadline = time.monotonic() + 0.2
+            while read_file(freezer + "/cgroup.procs").strip() and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    def remove(self, name: str) -> bool:
+        """Remove a command's cgroup once nothing lives in it; False if still in use."""
+        if not self.available:
+            return True
+        try:
+            posix.rmdir(self._group_dir(name))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+class Spare:
+    """A fork of the agent that has joined one command's cgroups and waits for its command.
+
+    The fork and the cgroup moves (which can cost an RCU grace period) happen before the
+    command arrives; ``launch`` then only writes the command down a pipe, and the spare drops
+    to the sandbox user and ``execve``s the shell.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        cg = agent.cgroups
+        self.group = cg.new_group()
+        task_files = cg.task_files(self.group)
+        ctl_r, ctl_w = posix.pipe()
+        out_r, out_w = posix.pipe()
+        err_r, err_w = posix.pipe()
+        pid = posix.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            _spare_main(ctl_r, out_w, err_w, task_files)
+        for fd in (ctl_r, out_w, err_w):
+            posix.close(fd)
+        self.pid = pid
+        self.ctl = ctl_w
+        self.out = out_r
+        self.err = err_r
+        self.dead = False
+
+    def launch(self, spec: tuple[Any, ...]) -> None:
+        """Hand over the command (blocks only while a 1 MiB command fills the pipe)."""
+        data = marshal.dumps(spec)
+        view = memoryview(data)
+        try:
+            while view:
+                n = posix.write(self.ctl, view)
+                view = view[n:]
+        finally:
+            posix.close(self.ctl)
+            self.ctl = -1
+
+    def discard(self) -> None:
+        """Close everything; the spare sees EOF and exits (and is reaped like any child)."""
+        for fd in (self.ctl, self.out, self.err):
+            if fd >= 0:
+                posix.close(fd)
+        self.ctl = self.out = self.err = -1
+
+
+def _close_except(keep: list[int]) -> None:
+    low = 3
+    for fd in sorted(keep):
+        if fd > low:
+            posix.closerange(low, fd)
+        low = max(low, fd + 1)
+    posix.closerange(low, MAX_FD)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        data = posix.read(fd, 1 << 20)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+def _spare_main(ctl: int, out_w: int, err_w: int, task_files: list[str]) -> None:
+    """The spare's whole life: join the cgroups, wait for a command, exec it. Never returns."""
+    try:
+        gc.disable()
+        _signal.set_wakeup_fd(-1)
+        for sig in (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):
+            _signal.signal(sig, _signal.SIG_DFL)
+        _close_except([ctl, out_w, err_w])
+        me = str(posix.getpid())
+        for path in task_files:
+            try:
+                write_file(path, me)
+            except OSError as exc:
+                log(f"could not join {path}: {exc}")
+        data = _read_all(ctl)
+        if not data:  # discarded
+            posix._exit(0)
+        argv, env, cwd, uid, gid, script = marshal.loads(data)
+        posix.close(ctl)
+        posix.setsid()
+        posix.setgroups([])
+        posix.setresgid(gid, gid, gid)
+        posix.setresuid(uid, uid, uid)
+        try:
+            posix.chdir(cwd)
+        except OSError:
+            posix.chdir("/")
+        null = posix.open("/dev/null", posix.O_RDONLY)
+        posix.dup2(null, 0)
+        posix.dup2(out_w, 1)
+        posix.dup2(err_w, 2)
+        keep = [0, 1, 2]
+        if script is not None:
+            mfd = posix.memfd_create("shellbox-command", 0)
+            view = memoryview(script)
+            while view:
+                view = view[posix.write(mfd, view) :]
+            posix.lseek(mfd, 0, 0)
+            if mfd != 3:
+                posix.dup2(mfd, 3)
+            keep.append(3)
+        _close_except(keep)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+        posix.execve(argv[0], argv, env)
+    except BaseException as exc:
+        try:
+            posix.write(2, f"shellbox: could not start the command: {exc}\n".encode())
+        finally:
+            posix._exit(127)
+
+
+class Stream:
+    __slots__ = ("capture", "fd", "name", "open")
+
+    def __init__(self, fd: int, name: str, cap: int) -> None:
+        self.fd = fd
+        self.name = name
+        self.capture = P.Capture(cap)
+        self.open = True
+
+
+class Command:
+    """One running command: its process, pipes, capture and deadline."""
+
+    def __init__(
+        self, agent: Agent, job: Job, index: int, pid: int, group: str, out: int, err: int
+    ) -> None:
+        self.agent = agent
+        self.job = job
+        self.index = index
+        self.pid = pid
+        self.group = group
+        self.status: int | None = None
+        self.timed_out = False
+        self.exited_at = 0.0
+        self.finished = False
+        self.oom_before = agent.cgroups.oom_kills()
+        self.deadline = time.monotonic() + job.timeout_s
+        cap = job.max_output_length
+        self.streams = [Stream(out, "stdout", cap), Stream(err, "stderr", cap)]
+        for s in self.streams:
+            posix.set_blocking(s.fd, False)
+            agent.watch(s.fd, self._reader(s))
+
+    def _reader(self, stream: Stream) -> Any:
+        return lambda _events: self.on_readable(stream)
+
+    def on_readable(self, stream: Stream) -> None:
+        for _ in range(16):  # don't let one noisy command starve the loop
+            try:
+                data = posix.read(stream.fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.close_stream(stream)
+                return
+            fresh = stream.capture.feed(data)
+            if fresh and self.job.stream:
+                self.job.send(
+                    {
+                        "type": "delta",
+                        "command_index": self.index,
+                        "stream": stream.name,
+                        "text": fresh,
+                    }
+                )
+
+    def close_stream(self, stream: Stream, drain: bool = False) -> None:
+        if not stream.open:
+            return
+        stream.open = False
+        self.agent.unwatch(stream.fd)
+        fresh = stream.capture.feed(b"", final=True)
+        if fresh and self.job.stream:
+            self.job.send(
+                {"type": "delta", "command_index": self.index, "stream": stream.name, "text": fresh}
+            )
+        if drain:
+            # Background processes still hold the pipe: keep reading into the void so they
+            # never see EPIPE (a service that logs to stderr must keep working).
+            self.agent.drain_forever(stream.fd)
+        else:
+            posix.close(stream.fd)
+
+    def on_exit(self, status: int) -> None:
+        self.status = status
+        self.exited_at = time.monotonic()
+
+    def tick(self, now: float) -> None:
+        """Advance: enforce the deadline, then finish once exited and drained (or grace over)."""
+        if self.status is None:
+            if now >= self.deadline and not self.timed_out:
+                self.timed_out = True
+                self.kill()
+            return
+        open_streams = [s for s in self.streams if s.open]
+        if open_streams and now - self.exited_at < P.PIPE_GRACE_S:
+            return
+        for s in open_streams:
+            if self.timed_out:  # everything is dead: take what is left in the pipe
+                self.on_readable(s)
+            self.close_stream(s, drain=not self.timed_out)
+        self.finish()
+
+    def kill(self) -> None:
+        try:
+            self.agent.cgroups.kill(self.group, self.pid)
+        except OSError as exc:
+            log(f"cgroup kill of {self.group} failed ({exc}); killing the process group")
+            _kill_quietly(-self.pid)
+
+    def next_wakeup(self) -> float:
+        if self.status is None:
+            return self.deadline
+        if any(s.open for s in self.streams):
+            return self.exited_at + P.PIPE_GRACE_S
+        return 0.0
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        stdout = self.streams[0].capture.result()
+        stderr = self.streams[1].capture.result()
+        outcome: dict[str, Any]
+        if self.timed_out:
+            outcome = {"type": "timeout"}
+        else:
+            code = posix.waitstatus_to_exitcode(self.status or 0)
+            outcome = {"type": "exit", "exit_code": 128 - code if code < 0 else code}
+            cg = self.agent.cgroups
+            if cg.oom_kills() > self.oom_before:
+                limit = f"{cg.memory_limit >> 20} MiB" if cg.memory_limit else "limit"
+                note = P.OOM_NOTE.format(limit=limit)
+                cap = self.job.max_output_length
+                # The note is the last line, whatever the cap leaves of the rest.
+                room = max(cap - len(note) - 1, 0)
+                head = P.truncate_text(stderr, room) if room else ""
+                sep = "\n" if head and not head.endswith("\n") else ""
+                stderr = (head + sep + note)[-cap:] if cap else ""
+        self.agent.retire_group(self.group)
+        self.agent.commands.pop(self.pid, None)
+        self.job.command_finished(
+            {
+                "type": "result",
+                "command_index": self.index,
+                "stdout": stdout,
+                "stderr": stderr,
+                "outcome": outcome,
+            }
+        )
+
+
+class Job:
+    """One exec request: its commands run one after the other on one connection."""
+
+    def __init__(self, agent: Agent, conn: Connection, req: dict[str, Any]) -> None:
+        self.agent = agent
+        self.conn = conn
+        self.commands: list[str] = req["commands"]
+        timeout_ms = req.get("timeout_ms")
+        if not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            timeout_ms = P.DEFAULT_TIMEOUT_MS
+        self.timeout_s = timeout_ms / 1000.0
+        cap = req.get("max_output_length")
+        self.max_output_length = (
+            cap if isinstance(cap, int) and cap >= 0 else P.DEFAULT_MAX_OUTPUT_LENGTH
+        )
+        self.stream = bool(req.get("stream", True))
+        self.uid = int(req.get("uid", P.SANDBOX_UID))
+        self.gid = int(req.get("gid", P.SANDBOX_GID))
+        self.cwd = str(req.get("cwd") or P.WORKDIR)
+        env = req.get("env") or {}
+        self.env = {str(k): str(v) for k, v in env.items()}
+        self.current: Command | None = None
+        self.next_index = 0
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.conn.send(msg)
+
+    def start_next(self) -> None:
+        if self.next_index >= len(self.commands) or self.conn.closed:
+            self.current = None
+            self.conn.job = None
+            self.send({"type": "done"})
+            self.conn.close_when_flushed()
+            return
+        index = self.next_index
+        self.next_index += 1
+        command = self.commands[index]
+        if self.stream:
+            self.send({"type": "started", "command_index": index})
+        try:
+            raw = command.encode()
+            long = len(raw) > P.ARGV_COMMAND_LIMIT or "\0" in command
+        except UnicodeEncodeError:  # lone surrogates: bash gets the bytes through a file
+            raw, long = command.encode("utf-8", "surrogatepass"), True
+        if long:
+            argv, script = [self.agent.shell, "/dev/fd/3"], raw
+        else:
+            argv, script = [self.agent.shell, "-c", command], None
+        spec = (argv, self.env, self.cwd, self.uid, self.gid, script)
+        agent = self.agent
+        spare: Spare | None = None
+        try:
+            if agent.use_spare():
+                spare = agent.take_spare()
+                pid, group, out, err = spare.pid, spare.group, spare.out, spare.err
+                spare.out = spare.err = -1  # the command's now
+            else:
+                pid, group, out, err = agent.spawn(spec)
+            cmd = Command(agent, self, index, pid, group, out, err)
+        except OSError as exc:
+            self.command_finished(
+                {
+                    "type": "result",
+                    "command_index": index,
+                    "stdout": "",
+                    "stderr": f"shellbox: could not start the command: {exc}\n",
+                    "outcome": {"type": "exit", "exit_code": 126},
+                }
+            )
+            return
+        self.current = cmd
+        agent.commands[cmd.pid] = cmd
+        if spare is not None:
+            try:
+                spare.launch(spec)
+            except OSError as exc:  # the spare died before it got its command (OOM, say)
+                log(f"spare {spare.pid} did not take its command: {exc}")
+                cmd.kill()
+
+    def command_finished(self, result: dict[str, Any]) -> None:
+        self.current = None
+        self.send(result)
+        self.start_next()
+
+    def abandon(self) -> None:
+        """The client went away: kill what runs now and run nothing more."""
+        self.next_index = len(self.commands)
+        cmd = self.current
+        if cmd is not None and cmd.status is None and not cmd.timed_out:
+            cmd.timed_out = True
+            cmd.kill()
+
+
+class Connection:
+    def __init__(self, agent: Agent, fd: int) -> None:
+        self.agent = agent
+        self.fd = fd
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.job: Job | None = None
+        self.closed = False
+        self.closing = False
+        self.writing = False
+
+    def on_event(self, events: int) -> None:
+        if events & select.EPOLLOUT:
+            self.flush()
+        if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR) and not self.closed:
+            self.on_readable()
+
+    def on_readable(self) -> None:
+        try:
+            data = posix.read(self.fd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        if self.job is not None or self.closing:
+            return  # one request per connection; ignore anything after it
+        self.inbuf += data
+        if len(self.inbuf) > P.MAX_REQUEST_BYTES:
+            self.fail("request_too_large", "the request is larger than the agent accepts")
+            return
+        nl = self.inbuf.find(b"\n")
+        if nl < 0:
+            return
+        line = bytes(self.inbuf[:nl])
+        self.inbuf.clear()
+        try:
+            req = json_loads(line)
+            if not isinstance(req, dict):
+                msg = "a request is a JSON object"
+                raise ValueError(msg)
+            self.handle(req)
+        except Exception as exc:  # PID 1 must survive any malformed request
+            self.fail("invalid_request", f"{type(exc).__name__}: {exc}")
+
+    def handle(self, req: dict[str, Any]) -> None:
+        op = req.get("op")
+        if op == "ping":
+            self.send({"type": "pong", "version": P.PROTOCOL_VERSION, "pid": posix.getpid()})
+            self.close_when_flushed()
+            return
+        if op != "exec":
+            self.fail("invalid_request", f"unknown op {op!r}")
+            return
+        commands = req.get("commands")
+        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
+            self.fail("invalid_request", "commands must be a list of strings")
+            return
+        if not 1 <= len(commands) <= P.MAX_COMMANDS:
+            self.fail(
+                "invalid_request",
+                f"{len(commands)} commands in one call; give 1 to {P.MAX_COMMANDS}",
+            )
+            return
+        for i, c in enumerate(commands):
+            if len(c.encode("utf-8", "surrogatepass")) > P.MAX_COMMAND_BYTES:
+                self.fail("invalid_request", f"command {i} is longer than 1 MiB")
+                return
+        self.job = Job(self.agent, self, req)
+        self.job.start_next()
+
+    def fail(self, code: str, message: str) -> None:
+        self.send({"type": "error", "code": code, "message": message})
+        self.close_when_flushed()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """Queue a message; the loop writes each connection's queue once per iteration."""
+        if self.closed:
+            return
+        self.outbuf += json_dumps(msg) + b"\n"
+        self.agent.dirty.add(self)
+
+    def flush(self) -> None:
+        while self.outbuf and not self.closed:
+            try:
+                n = posix.write(self.fd, self.outbuf)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.close()
+                return
+            del self.outbuf[:n]
+        if self.closed:
+            return
+        want_write = bool(self.outbuf)
+        if want_write != self.writing:
+            self.writing = want_write
+            self.agent.ep.modify(self.fd, select.EPOLLIN | (select.EPOLLOUT if want_write else 0))
+        if not self.outbuf and self.closing:
+            self.close()
+
+    def close_when_flushed(self) -> None:
+        self.closing = True
+        self.agent.dirty.add(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.agent.unwatch(self.fd)
+        posix.close(self.fd)
+        if self.job is not None:
+            self.job.abandon()
+
+
+def _noop_handler(_signum: int, _frame: object) -> None:
+    pass
+
+
+class Agent:
+    def __init__(self, listener: _socket.socket) -> None:
+        self.ep = select.epoll()
+        self.handlers: dict[int, Any] = {}
+        self.cgroups = Cgroups()
+        self.shell = "/bin/bash" if posix.access("/bin/bash", posix.X_OK) else "/bin/sh"
+        self.commands: dict[int, Command] = {}  # pid -> running command
+        self.spare: Spare | None = None
+        self.spares: dict[int, Spare] = {}  # pid -> spare not yet handed a command
+        self.dirty: set[Connection] = set()  # connections with output queued
+        self.last_move = time.monotonic()  # of a cgroup move: crun's, at our start
+        posix.setgroups([])  # commands inherit them through posix_spawn
+        self.retired: list[str] = []  # cgroups of finished commands whose background jobs live
+        rfd, wfd = posix.pipe()
+        posix.set_blocking(rfd, False)
+        posix.set_blocking(wfd, False)
+        _signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        _signal.signal(_signal.SIGCHLD, _noop_handler)
+        self.wake_fd = rfd
+        self.listener = listener
+        listener.setblocking(False)
+        self.watch(listener.fileno(), self.on_accept)
+        self.watch(rfd, self.on_wake)
+
+    def watch(self, fd: int, handler: Any) -> None:
+        self.handlers[fd] = handler
+        self.ep.register(fd, select.EPOLLIN)
+
+    def unwatch(self, fd: int) -> None:
+        if self.handlers.pop(fd, None) is not None:
+            try:
+                self.ep.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def drain_forever(self, fd: int) -> None:
+        def on_drain(_events: int) -> None:
+            try:
+                data = posix.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.unwatch(fd)
+                posix.close(fd)
+
+        self.watch(fd, on_drain)
+
+    def use_spare(self) -> bool:
+        """Whether the next command should start from the spare: after a quiet spell, when a
+        cgroup move of our own could wait for an RCU grace period (~10 ms here)."""
+        spare = self.spare
+        return (
+            spare is not None
+            and not spare.dead
+            and time.monotonic() - self.last_move > BURST_WINDOW_S
+        )
+
+    def spawn(self, spec: tuple[Any, ...]) -> tuple[int, str, int, int]:
+        """Start a command by ``posix_spawn`` (vfork+exec): the agent steps into the command's
+        cgroups and takes the sandbox user as its *real* uid for the moment of the spawn
+        (``POSIX_SPAWN_RESETIDS`` then makes it the child's only uid), and steps back.
+        Returns (pid, cgroup, stdout, stderr)."""
+        argv, env, cwd, uid, gid, script = spec
+        cg = self.cgroups
+        group = cg.new_group()
+        out_r, out_w = posix.pipe()
+        err_r, err_w = posix.pipe()
+        null = posix.open("/dev/null", posix.O_RDONLY | posix.O_CLOEXEC)
+        mfd = -1
+        actions = [
+            (posix.POSIX_SPAWN_DUP2, null, 0),
+            (posix.POSIX_SPAWN_DUP2, out_w, 1),
+            (posix.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        me = str(posix.getpid())
+        moved = False
+        try:
+            if script is not None:
+                mfd = posix.memfd_create("shellbox-command", posix.MFD_CLOEXEC)
+                view = memoryview(script)
+                while view:
+                    view = view[posix.write(mfd, view) :]
+                posix.lseek(mfd, 0, 0)
+                actions.append((posix.POSIX_SPAWN_DUP2, mfd, 3))
+            moved = True
+            for path in cg.task_files(group):
+                write_file(path, me)
+            posix.setresgid(gid, 0, 0)
+            posix.setresuid(uid, 0, 0)
+            try:
+                # access() checks with the real ids: can the sandbox user work there?
+                if not posix.access(cwd, posix.X_OK):
+                    cwd = "/"
+                try:
+                    posix.chdir(cwd)
+                except OSError:
+                    posix.chdir("/")
+                pid = posix.posix_spawn(
+                    argv[0], argv, env, file_actions=actions, setsid=True, resetids=True,
+                    setsigmask=(), setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
+                )  # fmt: skip
+            finally:
+                posix.setresuid(0, 0, 0)
+                posix.setresgid(0, 0, 0)
+        except BaseException:
+            posix.close(out_r)
+            posix.close(err_r)
+            raise
+        finally:
+            if moved:
+                for path in cg.home_files():
+                    try:
+                        write_file(path, me)
+                    except OSError as exc:
+                        log(f"could not move back to {path}: {exc}")
+                self.last_move = time.monotonic()
+            posix.chdir("/")
+            for fd in (null, out_w, err_w, mfd):
+                if fd >= 0:
+                    posix.close(fd)
+        return pid, group, out_r, err_r
+
+    def take_spare(self) -> Spare:
+        spare = self.spare
+        self.spare = None
+        self.last_move = time.monotonic()  # the spare's moves were recent: a burst may follow
+        if spare is None or spare.dead:
+            if spare is not None:
+                spare.discard()
+            spare = Spare(self)
+        self.spares.pop(spare.pid, None)
+        return spare
+
+    def make_spare(self) -> None:
+        try:
+            spare = Spare(self)
+        except OSError as exc:  # out of pids or memory: try again later
+            log(f"could not fork a spare: {exc}")
+            return
+        self.spare = spare
+        self.spares[spare.pid] = spare
+
+    def retire_group(self, name: str) -> None:
+        if not self.cgroups.remove(name):
+            self.retired.append(name)
+
+    def on_accept(self, _events: int) -> None:
+        while True:
+            try:
+                fd, _addr = self.listener._accept()  # type: ignore[attr-defined]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log(f"accept failed: {exc}")
+                return
+            posix.set_blocking(fd, False)
+            conn = Connection(self, fd)
+            self.watch(fd, conn.on_event)
+
+    def on_wake(self, _events: int) -> None:
+        try:
+            while posix.read(self.wake_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = posix.waitpid(-1, posix.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            cmd = self.commands.get(pid)
+            if cmd is not None:
+                cmd.on_exit(status)
+                continue
+            spare = self.spares.pop(pid, None)
+            if spare is not None:  # a spare died before it was used
+                spare.dead = True
+                spare.discard()
+                if self.spare is spare:
+                    self.spare = None
+                self.retire_group(spare.group)
+
+    def run(self) -> None:
+        last_sweep = time.monotonic()
+        gc.freeze()  # what exists now is shared with every spare: don't let GC dirty it
+        while True:
+            now = time.monotonic()
+            timeout = 5.0
+            for cmd in self.commands.values():
+                timeout = min(timeout, max(0.0, cmd.next_wakeup() - now))
+            if self.spare is None:
+                timeout = min(timeout, max(0.0, self.last_move + BURST_WINDOW_S - now) + 0.001)
+            for fd, events in self.ep.poll(timeout):
+                handler = self.handlers.get(fd)
+                if handler is None:
+                    continue
+                try:
+                    handler(events)
+                except Exception as exc:  # one bad event must not take PID 1 down
+                    log(f"error handling fd {fd}: {type(exc).__name__}: {exc}")
+            self.reap()
+            now = time.monotonic()
+            for cmd in list(self.commands.values()):
+                try:
+                    cmd.tick(now)
+                except Exception as exc:
+                    log(f"error finishing command: {type(exc).__name__}: {exc}")
+                    self.commands.pop(cmd.pid, None)
+            while self.dirty:
+                self.dirty.pop().flush()
+            # The spare is forked once calls have paused: a burst starts commands by spawn.
+            if self.spare is None and now - self.last_move > BURST_WINDOW_S:
+                self.make_spare()
+            if now - last_sweep > 5 and self.retired:
+                last_sweep = now
+                self.retired = [g for g in self.retired if not self.cgroups.remove(g)]
+
+
+def listening_socket() -> _socket.socket:
+    """The socket the host bound for us (fd 3), or one we bind ourselves (development)."""
+    raw = posix.environ.get(P.LISTEN_FD_ENV.encode())
+    if raw:
+        fd = int(raw)
+        if fd < 3:  # it came as a standard stream: move it off, put /dev/null in its place
+            moved = posix.dup(fd)  # not inheritable
+            null = posix.open("/dev/null", posix.O_RDWR)
+            posix.dup2(null, fd)
+            posix.close(null)
+            fd = moved
+        else:
+            posix.set_inheritable(fd, False)
+        return _socket.socket(fileno=fd)
+    socket_dir = posix.environ.get(b"SHELLBOX_SOCKET_DIR", P.SOCKET_DIR.encode()).decode()
+    path = f"{socket_dir}/{P.SOCKET_NAME}"
+    try:
+        posix.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.bind(path)
+    posix.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def main() -> None:
+    posix.umask(0o022)
+    Agent(listening_socket()).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ BOOT_TIMEOUT_S=${SHELLBOX_V2_BOOT_TIMEOUT_S:-600}
 HOST_DEBS=(qemu-system-x86 mmdebstrap e2fsprogs openssh-client)
 GUEST_DEBS=(linux-image-cloud-amd64 initramfs-tools systemd-sysv udev openssh-server
   crun runc python3 python3-venv iproute2 nftables util-linux procps
-  golang-github-containers-common ca-certificates)
+  golang-github-containers-common ca-certificates btrfs-progs)
 MIRRORS=("deb http://deb.debian.org/debian bookworm main"
   "deb http://deb.debian.org/debian bookworm-updates main"
   "deb http://deb.debian.org/debian-security bookworm-security main")
@@ -51,6 +51,7 @@ TESTS=(
   tests/sandbox/test_run_cli.py
   tests/sandbox/test_hostns.py
   tests/sandbox/test_cgroups.py
+  tests/sandbox/test_disk_quota.py
   tests/api/test_cgroup_smoke.py
 )
 if [ -n "${SHELLBOX_V2_TESTS:-}" ]; then read -ra TESTS <<< "$SHELLBOX_V2_TESTS"; fi  # a subset

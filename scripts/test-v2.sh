@@ -161,8 +161,9 @@ ensure_guest() {
 # as here) and the `minimal` sandbox image, which is the one the tests use.
 make_work_disk() {
   local stage=$1 image
-  image=$(ls -d "$(readlink -f .state/images)"/minimal-* 2>/dev/null | grep -v '\.failed' | head -1) \
-    || true
+  # This checkout's recipe of it: an older minimal-* may sit beside it in a shared image dir.
+  image=$(.venv/bin/python -c 'import pathlib; from shellbox.sandbox.image import image_for
+print(image_for(pathlib.Path(".state/images").resolve(), "minimal").path.parent)')
   [ -n "$image" ] && [ -f "$image/complete" ] || die "no minimal sandbox image under .state/images"
   mkdir -p "$stage/tree/.state/images"
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then

@@ -220,11 +220,21 @@ class Storage:
                 shutil.rmtree(path)
             if self.quota_mode == "simple":
                 self._remove_level_1(root_fd, subvol, container_id)
-            # A regular qgroup 0/<id> goes with its subvolume once the cleaner has dropped it
-            # (6.8+); before, it stays as an empty, limit-only entry, as ``btrfs subvolume
-            # delete`` leaves it.
+            else:
+                self._remove_level_0(root_fd, subvol, container_id)
         finally:
             os.close(root_fd)
+
+    @staticmethod
+    def _remove_level_0(root_fd: int, subvol: int, container_id: str) -> None:
+        # Before 6.8 a deleted subvolume's qgroup stays (``btrfs qgroup clear-stale`` work)
+        # unless removed; newer kernels refuse (EBUSY) while the cleaner has yet to drop the
+        # subvolume, and remove it themselves once it has.
+        try:
+            fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 0, subvol)))
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOENT):
+                log.warning("could not remove qgroup 0/%d of %s: %s", subvol, container_id, exc)
 
     @staticmethod
     def _remove_level_1(root_fd: int, subvol: int, container_id: str) -> None:

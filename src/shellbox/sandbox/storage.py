@@ -26,13 +26,14 @@ included), and a new subvolume's own qgroup has no limit: under regular qgroups 
 any amount outside the container's quota. The container's seccomp filter refuses the ioctls
 that make subvolumes and snapshots (``oci.BTRFS_SUBVOLUME_IOCTLS``), whatever the mode.
 
-Per container this costs four ioctls (~0.13 ms here); the filesystem is made (sparse image,
-``mkfs.btrfs``, ~0.2 s) once and mounted (~0.1-0.5 s) when a runtime opens the state
-directory. The image is mounted through a loop device in the runtime's own mount namespace
-(``hostns``), like the overlays: nothing is left mounted on the host, and the loop device
-(auto-clear) goes away with the last mount and the last container using it. ``mount -o loop``
-reuses the loop device already attached to the image, so two processes (the server, the
-CLI) and containers that outlived a server share one filesystem instance.
+Per container this costs four ioctls (~0.13 ms here; three with regular qgroups); the
+filesystem is made (sparse image, ``mkfs.btrfs``, ~0.2 s) once and mounted (~0.1-0.5 s) when
+a runtime opens the state directory. The image is mounted through a loop device in the
+runtime's own mount namespace (``hostns``), like the overlays: nothing is left mounted on the
+host, and the loop device (auto-clear) goes away with the last mount and the last container
+using it. ``mount -o loop`` reuses the loop device already attached to the image, so two
+processes (the server, the CLI) and containers that outlived a server share one filesystem
+instance.
 
 Freed space goes back to the host: btrfs turns on asynchronous discard on a loop device,
 which punches holes in the image. The image's size (``storage.size_gb``) caps what all
@@ -128,7 +129,7 @@ class Storage:
     def create(self, container_id: str, limit_bytes: int) -> Path:
         """Make the container's disk (empty) with its quota; returns its path."""
         path = self.path(container_id)
-        if not self.quotas:
+        if self.quota_mode is None:
             path.mkdir(exist_ok=True)
             return path
         root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
@@ -139,7 +140,7 @@ class Storage:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 subvol = _subvolume_id(fd)
-                qgroup = _limited_qgroup(self.quota_mode or "simple", subvol)
+                qgroup = _limited_qgroup(self.quota_mode, subvol)
                 if qgroup != subvol:  # the subvolume's own qgroup is made with it
                     with contextlib.suppress(FileExistsError):
                         args = struct.pack("QQ", 1, qgroup)

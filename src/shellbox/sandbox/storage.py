@@ -50,6 +50,7 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -60,6 +61,7 @@ from shellbox.sandbox import hostns
 log = logging.getLogger("shellbox.sandbox")
 
 # <linux/btrfs.h>: _IOW/_IOR/_IOWR(0x94, nr, struct ...)
+IOC_SYNC = 0x9408  # _IO(0x94, 8): commit the transaction
 IOC_SUBVOL_CREATE = 0x5000940E  # struct btrfs_ioctl_vol_args (4096 bytes)
 IOC_SNAP_DESTROY = 0x5000940F
 IOC_INO_LOOKUP = 0xD0009412  # struct btrfs_ioctl_ino_lookup_args (4096 bytes)
@@ -77,6 +79,10 @@ LEVEL_1 = 1 << 48  # qgroup id "1/<n>"
 QuotaMode = Literal["simple", "qgroup"]
 # /sys/fs/btrfs/<fsid>/qgroups/mode says (6.7+); before, quotas could only be regular ones.
 SYSFS_MODES: dict[str, QuotaMode] = {"squota": "simple", "qgroup": "qgroup"}
+
+# Room for the overlay's mount on a full disk: it empties and remakes its work directory, and
+# under regular qgroups (6.1) the metadata reservation for that fails at the limit.
+LIFT_BYTES = 16 << 20
 
 DEFAULT_IMAGE = "disks.img"
 MOUNT_OPTIONS = "nosuid,nodev,noatime"
@@ -165,6 +171,16 @@ class Storage:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def lifted(self, container_id: str, limit_bytes: int) -> Iterator[None]:
+        """The quota raised by ``LIFT_BYTES`` for host work that must succeed on a full disk,
+        then ``limit_bytes`` again."""
+        self.set_limit(container_id, limit_bytes + LIFT_BYTES)
+        try:
+            yield
+        finally:
+            self.set_limit(container_id, limit_bytes)
+
     def qgroup(self, container_id: str) -> Path | None:
         """The sysfs directory of the container's quota (None: no quota, or no such disk)."""
         if self.quota_mode is None:
@@ -185,6 +201,15 @@ class Storage:
         qgroup = self.qgroup(container_id)
         if qgroup is None:
             return None
+        if self.quota_mode == "qgroup":  # regular qgroups count at commit: commit first
+            try:
+                fd = os.open(self.path(container_id), os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.ioctl(fd, IOC_SYNC)
+            finally:
+                os.close(fd)
         try:
             return int((qgroup / "referenced").read_text())
         except FileNotFoundError:  # destroyed meanwhile
@@ -226,16 +251,50 @@ class Storage:
         finally:
             os.close(root_fd)
 
-    @staticmethod
-    def _remove_level_0(root_fd: int, subvol: int, container_id: str) -> None:
-        # Before 6.8 a deleted subvolume's qgroup stays (``btrfs qgroup clear-stale`` work)
-        # unless removed; newer kernels refuse (EBUSY) while the cleaner has yet to drop the
-        # subvolume, and remove it themselves once it has.
+    def _remove_level_0(self, root_fd: int, subvol: int, container_id: str) -> None:
+        # The kernel refuses (EBUSY) while the subvolume holds data, i.e. until the cleaner
+        # has dropped it; 6.10+ then removes the qgroup itself, older kernels leave it, so
+        # later removals sweep what earlier ones left (``btrfs qgroup clear-stale``).
         try:
             fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 0, subvol)))
         except OSError as exc:
             if exc.errno not in (errno.EBUSY, errno.ENOENT):
                 log.warning("could not remove qgroup 0/%d of %s: %s", subvol, container_id, exc)
+        self.clear_stale_qgroups()
+
+    def clear_stale_qgroups(self) -> int:
+        """Remove the regular qgroups of subvolumes that are gone; returns how many. A live
+        subvolume's qgroup is never touched: it is not a candidate, and the kernel refuses to
+        remove a qgroup that counts any bytes."""
+        if self.quota_mode != "qgroup":
+            return 0
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            live = {_subvolume_id(root_fd)}  # the top level, 0/5
+            for entry in os.scandir(self.root):
+                with contextlib.suppress(OSError):  # being made or removed meanwhile
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        live.add(_subvolume_id(fd))
+                    finally:
+                        os.close(fd)
+            removed = 0
+            for qgroup in Path(f"/sys/fs/btrfs/{_fsid(root_fd)}/qgroups").glob("0_*"):
+                subvol = int(qgroup.name[2:])
+                try:
+                    if subvol in live or int((qgroup / "referenced").read_text()) != 0:
+                        continue
+                    args = bytearray(struct.pack("QQ", 0, subvol))
+                    fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, args)
+                    removed += 1
+                except FileNotFoundError:  # removed meanwhile (by the kernel, 6.10+)
+                    continue
+                except OSError as exc:  # EBUSY: its subvolume is still being dropped
+                    if exc.errno not in (errno.EBUSY, errno.ENOENT):
+                        log.warning("could not remove stale qgroup 0/%d: %s", subvol, exc)
+            return removed
+        finally:
+            os.close(root_fd)
 
     @staticmethod
     def _remove_level_1(root_fd: int, subvol: int, container_id: str) -> None:

@@ -32,7 +32,7 @@ BOOT_TIMEOUT_S=${SHELLBOX_V2_BOOT_TIMEOUT_S:-600}
 HOST_DEBS=(qemu-system-x86 mmdebstrap e2fsprogs openssh-client)
 GUEST_DEBS=(linux-image-cloud-amd64 initramfs-tools systemd-sysv udev openssh-server
   crun runc python3 python3-venv iproute2 nftables util-linux procps
-  golang-github-containers-common ca-certificates)
+  golang-github-containers-common ca-certificates btrfs-progs)
 MIRRORS=("deb http://deb.debian.org/debian bookworm main"
   "deb http://deb.debian.org/debian bookworm-updates main"
   "deb http://deb.debian.org/debian-security bookworm-security main")
@@ -55,6 +55,7 @@ TESTS=(
   tests/sandbox/test_weights.py
   tests/sandbox/test_agent_memory.py
   tests/sandbox/test_uid_ranges.py
+  tests/sandbox/test_disk_quota.py
   tests/api/test_cgroup_smoke.py
 )
 if [ -n "${SHELLBOX_V2_TESTS:-}" ]; then read -ra TESTS <<< "$SHELLBOX_V2_TESTS"; fi  # a subset
@@ -164,8 +165,9 @@ ensure_guest() {
 # as here) and the `minimal` sandbox image, which is the one the tests use.
 make_work_disk() {
   local stage=$1 image
-  image=$(ls -d "$(readlink -f .state/images)"/minimal-* 2>/dev/null | grep -v '\.failed' | head -1) \
-    || true
+  # This checkout's recipe of it: an older minimal-* may sit beside it in a shared image dir.
+  image=$(.venv/bin/python -c 'import pathlib; from shellbox.sandbox.image import image_for
+print(image_for(pathlib.Path(".state/images").resolve(), "minimal").path.parent)')
   [ -n "$image" ] && [ -f "$image/complete" ] || die "no minimal sandbox image under .state/images"
   mkdir -p "$stage/tree/.state/images"
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then

@@ -71,10 +71,16 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> JSONResponse:
-        # The cgroup layout the sandboxes run on (v2, hybrid or v1): support questions start here.
+        # The cgroup layout the sandboxes run on (v2, hybrid or v1) and the kind of disk quota
+        # ("simple", "qgroup", or None: no quota): support questions start here.
         svc = app.state.services
         return JSONResponse(
-            {"status": "ok", "version": __version__, "cgroup": svc.runtime.cgroups.mode.value}
+            {
+                "status": "ok",
+                "version": __version__,
+                "cgroup": svc.runtime.cgroups.mode.value,
+                "disk_quota": svc.runtime.storage.quota_mode,
+            }
         )
 
     return app

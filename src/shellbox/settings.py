@@ -131,6 +131,12 @@ class StorageSettings(_Section):
         description="size of the default image: the most all containers together may hold "
         "(sparse: host space is used as containers write, and given back as they delete)",
     )
+    quota_mode: Literal["auto", "simple", "qgroup"] = Field(
+        "auto",
+        description="btrfs quota kind: 'simple' (Linux 6.7+, usage counted as extents are "
+        "allocated and freed), 'qgroup' (regular qgroups, any kernel), 'auto' (simple where "
+        "the kernel has them); a filesystem keeps the kind it was first given",
+    )
 
 
 class ServerSettings(_Section):

@@ -3,6 +3,7 @@ past it fails inside, and an upload past it is a 413 naming the quota, not a 500
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ from api_helpers import error_of, shell
 
 QUOTA_GB = "0.03125"  # 32 MiB
 MiB = 1 << 20
+KERNEL = tuple(int(n) for n in os.uname().release.split(".")[:2])
 
 
 def test_the_disk_quota_holds_for_commands_uploads_and_patches(server_factory: Any) -> None:
@@ -19,6 +21,9 @@ def test_the_disk_quota_holds_for_commands_uploads_and_patches(server_factory: A
     )
     sdk = openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
     http = httpx.Client(base_url=srv.root_url, headers={"authorization": "Bearer k"}, timeout=60)
+    mode = "simple" if KERNEL >= (6, 7) else "qgroup"  # simple quotas need Linux 6.7+
+    assert http.get("/healthz").json()["disk_quota"] == mode
+    assert f"{mode} quotas" in srv.log()  # the start-up log says it too
     c = sdk.containers.create(name="small-disk")
     out = shell(http, c.id, "fallocate -l 20M a", "fallocate -l 20M ~/b")
     assert out["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}

@@ -61,7 +61,9 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
 
 def storage_config(settings: Settings) -> StorageConfig:
     s = settings.storage
-    return StorageConfig(backend=s.backend, device=s.device, size_gb=s.size_gb)
+    return StorageConfig(
+        backend=s.backend, device=s.device, size_gb=s.size_gb, quota_mode=s.quota_mode
+    )
 
 
 def uid_ranges(settings: Settings) -> UidRanges:

@@ -52,6 +52,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -450,7 +451,14 @@ class OciRuntime:
                 if image_base:
                     idmap.mount_image(str(self.image_rootfs), rootfs, image_base)
                     mounted += 1
-                hostns.mount_overlay(rootfs, overlay)
+                try:
+                    hostns.mount_overlay(rootfs, overlay)
+                except OSError as exc:
+                    if exc.errno != errno.EDQUOT:
+                        raise
+                    # A full disk under regular qgroups: mounting remakes the work directory.
+                    with self.storage.lifted(container_id, spec.disk_limit_bytes):
+                        hostns.mount_overlay(rootfs, overlay)
                 mounted += 1
             else:
                 ns = dataclasses.replace(

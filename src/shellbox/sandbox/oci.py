@@ -261,12 +261,31 @@ REFUSED_SYSCALLS = (
 )  # fmt: skip
 
 
+def _iow(kind: int, nr: int, size: int) -> int:
+    """``_IOW`` of <asm-generic/ioctl.h> (x86 and arm64 alike): write, 14-bit size."""
+    return 1 << 30 | size << 16 | kind << 8 | nr
+
+
+BTRFS_IOCTL_MAGIC = 0x94
+BTRFS_VOL_ARGS_SIZE = 4096  # struct btrfs_ioctl_vol_args: __s64 fd; char name[4088]
+BTRFS_VOL_ARGS_V2_SIZE = 4096  # struct btrfs_ioctl_vol_args_v2: 3 x __u64, 4 x __u64, name[4040]
+# The ioctls that make a btrfs subvolume or snapshot: they need no privilege, only a directory
+# one can write, and under regular qgroups a new subvolume has a qgroup of its own, outside
+# the container's disk quota (see storage.py). Refused, with EPERM, on every kernel.
+BTRFS_SUBVOLUME_IOCTLS = {
+    "BTRFS_IOC_SNAP_CREATE": _iow(BTRFS_IOCTL_MAGIC, 1, BTRFS_VOL_ARGS_SIZE),
+    "BTRFS_IOC_SUBVOL_CREATE": _iow(BTRFS_IOCTL_MAGIC, 14, BTRFS_VOL_ARGS_SIZE),
+    "BTRFS_IOC_SNAP_CREATE_V2": _iow(BTRFS_IOCTL_MAGIC, 23, BTRFS_VOL_ARGS_V2_SIZE),
+    "BTRFS_IOC_SUBVOL_CREATE_V2": _iow(BTRFS_IOCTL_MAGIC, 24, BTRFS_VOL_ARGS_V2_SIZE),
+}
+
+
 def refuse_kernel_surface(profile: Mapping[str, Any]) -> dict[str, Any]:
     """Docker's semantics for an unprivileged container on top of a converted profile:
     ``REFUSED_SYSCALLS`` answer EPERM, ``clone`` and ``unshare`` only without namespace
     flags, ``clone3`` ENOSYS (its flags sit in memory a filter cannot read; glibc then falls
     back to ``clone`` for threads and ``posix_spawn``)."""
-    gated = {"clone", "clone3", "unshare", *REFUSED_SYSCALLS}
+    gated = {"clone", "clone3", "unshare", "ioctl", *REFUSED_SYSCALLS}
     syscalls: list[dict[str, Any]] = []
     for rule in profile.get("syscalls") or []:
         names = [n for n in rule["names"] if n not in gated]  # one rule per name, below
@@ -277,8 +296,45 @@ def refuse_kernel_surface(profile: Mapping[str, Any]) -> dict[str, Any]:
         {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
         *_only_without_flags("clone", CLONE_NAMESPACES),
         *_only_without_flags("unshare", UNSHARE_NAMESPACES),
+        *_all_but_requests("ioctl", 1, sorted(BTRFS_SUBVOLUME_IOCTLS.values())),
     ]
     return {**profile, "syscalls": syscalls}
+
+
+def _all_but_requests(name: str, index: int, refused: list[int]) -> list[dict[str, Any]]:
+    """Allowed for every value of argument ``index`` but ``refused``, which answer EPERM.
+
+    The kernel reads an ioctl request as a 32-bit ``unsigned int`` and the filter sees the
+    whole 64-bit register, so only the low 32 bits are compared (masked): setting high bits
+    cannot slip past. libseccomp lets an unconditional rule override every conditional one
+    for the same syscall, so "allow the rest" is spelled out as rules that do not overlap:
+    a binary trie over the 32 bits, one rule "these high bits match a refused value's and the
+    next one differs from all of them" per branch no refused value takes (39 rules here)."""
+
+    def masked(mask: int, value: int) -> list[dict[str, Any]]:
+        return [{"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}]
+
+    rules: list[dict[str, Any]] = []
+
+    def split(values: list[int], bit: int, mask: int, prefix: int) -> None:
+        if bit < 0:  # a refused value itself
+            rules.append(
+                {"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+                 "args": masked(mask, prefix)}
+            )  # fmt: skip
+            return
+        b = 1 << bit
+        for side in (prefix, prefix | b):
+            under = [v for v in values if v & b == side & b]
+            if under:
+                split(under, bit - 1, mask | b, side)
+            else:
+                rules.append(
+                    {"names": [name], "action": "SCMP_ACT_ALLOW", "args": masked(mask | b, side)}
+                )
+
+    split(refused, 31, 0, 0)
+    return rules
 
 
 def _only_without_flags(name: str, mask: int) -> list[dict[str, Any]]:

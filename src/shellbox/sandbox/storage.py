@@ -12,21 +12,28 @@ the quota formats ext4 needs (``CONFIG_QFMT_V2``), so project quotas are out; bt
 need no option. Subvolumes also give the O(1) copy-on-write snapshots forks will need.
 A write past the quota fails with EDQUOT ("Disk quota exceeded"), btrfs's errno for it.
 
-Quotas are btrfs *simple quotas* (kernel 6.7+): usage is charged when an extent is allocated
-and released when it is freed, with no backref walks. Each container gets a level-1 qgroup
-``1/<subvolume id>`` holding the limit, its subvolume ``0/<id>`` a member. Anyone may create a
-subvolume in a directory they can write (uid 1000 in ``/mnt/data`` included), and a new
-subvolume's own qgroup has no limit; in simple-quota mode the kernel puts it in the level-1
-qgroups of the subvolume it is made in, so it counts against the container's quota too.
-Removing it from there needs CAP_SYS_ADMIN on the host.
+Quotas are btrfs *simple quotas* where the kernel has them (6.7+): usage is charged when an
+extent is allocated and released when it is freed, with no backref walks. Each container gets
+a level-1 qgroup ``1/<subvolume id>`` holding the limit, its subvolume ``0/<id>`` a member.
+Elsewhere (Debian 12's 6.1) they are regular qgroups, the limit on the subvolume's own qgroup
+``0/<id>``; usage there is settled at transaction commit, and a write that meets the limit
+makes the kernel commit and retry before it answers EDQUOT, so freed space counts at once.
+``storage.quota_mode`` picks one ("auto": simple when the kernel can); a filesystem keeps the
+mode it was first given, since switching would drop every container's limit.
 
-Per container this costs four ioctls (~0.13 ms here); the filesystem is made (sparse image,
-``mkfs.btrfs``, ~0.2 s) once and mounted (~0.1-0.5 s) when a runtime opens the state
-directory. The image is mounted through a loop device in the runtime's own mount namespace
-(``hostns``), like the overlays: nothing is left mounted on the host, and the loop device
-(auto-clear) goes away with the last mount and the last container using it. ``mount -o loop``
-reuses the loop device already attached to the image, so two processes (the server, the
-CLI) and containers that outlived a server share one filesystem instance.
+Anyone may create a subvolume in a directory they can write (uid 1000 in ``/mnt/data``
+included), and a new subvolume's own qgroup has no limit: under regular qgroups it would hold
+any amount outside the container's quota. The container's seccomp filter refuses the ioctls
+that make subvolumes and snapshots (``oci.BTRFS_SUBVOLUME_IOCTLS``), whatever the mode.
+
+Per container this costs four ioctls (~0.13 ms here; three with regular qgroups); the
+filesystem is made (sparse image, ``mkfs.btrfs``, ~0.2 s) once and mounted (~0.1-0.5 s) when
+a runtime opens the state directory. The image is mounted through a loop device in the
+runtime's own mount namespace (``hostns``), like the overlays: nothing is left mounted on the
+host, and the loop device (auto-clear) goes away with the last mount and the last container
+using it. ``mount -o loop`` reuses the loop device already attached to the image, so two
+processes (the server, the CLI) and containers that outlived a server share one filesystem
+instance.
 
 Freed space goes back to the host: btrfs turns on asynchronous discard on a loop device,
 which punches holes in the image. The image's size (``storage.size_gb``) caps what all
@@ -43,6 +50,7 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -53,6 +61,7 @@ from shellbox.sandbox import hostns
 log = logging.getLogger("shellbox.sandbox")
 
 # <linux/btrfs.h>: _IOW/_IOR/_IOWR(0x94, nr, struct ...)
+IOC_SYNC = 0x9408  # _IO(0x94, 8): commit the transaction
 IOC_SUBVOL_CREATE = 0x5000940E  # struct btrfs_ioctl_vol_args (4096 bytes)
 IOC_SNAP_DESTROY = 0x5000940F
 IOC_INO_LOOKUP = 0xD0009412  # struct btrfs_ioctl_ino_lookup_args (4096 bytes)
@@ -61,10 +70,19 @@ IOC_QUOTA_CTL = 0xC0109428  # struct btrfs_ioctl_quota_ctl_args {cmd, status}
 IOC_QGROUP_ASSIGN = 0x40189429  # {assign, src, dst}
 IOC_QGROUP_CREATE = 0x4010942A  # {create, qgroupid}
 IOC_QGROUP_LIMIT = 0x8030942B  # {qgroupid, {flags, max_rfer, max_excl, rsv_rfer, rsv_excl}}
+QUOTA_CTL_ENABLE = 1
 QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
 QGROUP_LIMIT_MAX_RFER = 1
 FIRST_FREE_OBJECTID = 256  # the inode number of every subvolume's root directory
 LEVEL_1 = 1 << 48  # qgroup id "1/<n>"
+
+QuotaMode = Literal["simple", "qgroup"]
+# /sys/fs/btrfs/<fsid>/qgroups/mode says (6.7+); before, quotas could only be regular ones.
+SYSFS_MODES: dict[str, QuotaMode] = {"squota": "simple", "qgroup": "qgroup"}
+
+# Room for the overlay's mount on a full disk: it empties and remakes its work directory, and
+# under regular qgroups (6.1) the metadata reservation for that fails at the limit.
+LIFT_BYTES = 16 << 20
 
 DEFAULT_IMAGE = "disks.img"
 MOUNT_OPTIONS = "nosuid,nodev,noatime"
@@ -77,6 +95,7 @@ class StorageConfig:
     backend: Literal["btrfs", "none"] = "btrfs"
     device: Path | None = None  # a block device or image file with a btrfs on it
     size_gb: float = 64.0  # of the image made when ``device`` is not given
+    quota_mode: Literal["auto", "simple", "qgroup"] = "auto"
 
 
 def _vol_args(name: str) -> bytearray:
@@ -95,13 +114,20 @@ def _set_limit(fd: int, qgroup: int, limit_bytes: int) -> None:
     fcntl.ioctl(fd, IOC_QGROUP_LIMIT, bytearray(args))
 
 
-class Storage:
-    """The containers' disks under ``root``; with ``quotas``, btrfs subvolumes with limits,
-    without (``storage.backend = "none"``), plain directories on the host's filesystem."""
+def _limited_qgroup(mode: QuotaMode, subvol: int) -> int:
+    """The qgroup holding a container's limit: level 1 for simple quotas, its own otherwise."""
+    return LEVEL_1 | subvol if mode == "simple" else subvol
 
-    def __init__(self, root: Path, *, quotas: bool) -> None:
+
+class Storage:
+    """The containers' disks under ``root``; with a ``quota_mode``, btrfs subvolumes with
+    limits, without (``storage.backend = "none"``), plain directories on the host's
+    filesystem."""
+
+    def __init__(self, root: Path, *, quota_mode: QuotaMode | None) -> None:
         self.root = root
-        self.quotas = quotas
+        self.quota_mode = quota_mode
+        self.quotas = quota_mode is not None
 
     def path(self, container_id: str) -> Path:
         return self.root / container_id
@@ -109,7 +135,7 @@ class Storage:
     def create(self, container_id: str, limit_bytes: int) -> Path:
         """Make the container's disk (empty) with its quota; returns its path."""
         path = self.path(container_id)
-        if not self.quotas:
+        if self.quota_mode is None:
             path.mkdir(exist_ok=True)
             return path
         root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
@@ -120,12 +146,14 @@ class Storage:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 subvol = _subvolume_id(fd)
-                qgroup = LEVEL_1 | subvol
-                with contextlib.suppress(FileExistsError):
-                    fcntl.ioctl(fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 1, qgroup)))
-                with contextlib.suppress(FileExistsError):
-                    args = struct.pack("QQQ", 1, subvol, qgroup)
-                    fcntl.ioctl(fd, IOC_QGROUP_ASSIGN, bytearray(args))
+                qgroup = _limited_qgroup(self.quota_mode, subvol)
+                if qgroup != subvol:  # the subvolume's own qgroup is made with it
+                    with contextlib.suppress(FileExistsError):
+                        args = struct.pack("QQ", 1, qgroup)
+                        fcntl.ioctl(fd, IOC_QGROUP_CREATE, bytearray(args))
+                    with contextlib.suppress(FileExistsError):
+                        args = struct.pack("QQQ", 1, subvol, qgroup)
+                        fcntl.ioctl(fd, IOC_QGROUP_ASSIGN, bytearray(args))
                 _set_limit(fd, qgroup, limit_bytes)
             finally:
                 os.close(fd)
@@ -135,24 +163,35 @@ class Storage:
 
     def set_limit(self, container_id: str, limit_bytes: int) -> None:
         """Change the quota of an existing disk (a pooled container taken for a request)."""
-        if not self.quotas:
+        if self.quota_mode is None:
             return
         fd = os.open(self.path(container_id), os.O_RDONLY | os.O_DIRECTORY)
         try:
-            _set_limit(fd, LEVEL_1 | _subvolume_id(fd), limit_bytes)
+            _set_limit(fd, _limited_qgroup(self.quota_mode, _subvolume_id(fd)), limit_bytes)
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def lifted(self, container_id: str, limit_bytes: int) -> Iterator[None]:
+        """The quota raised by ``LIFT_BYTES`` for host work that must succeed on a full disk,
+        then ``limit_bytes`` again."""
+        self.set_limit(container_id, limit_bytes + LIFT_BYTES)
+        try:
+            yield
+        finally:
+            self.set_limit(container_id, limit_bytes)
+
     def qgroup(self, container_id: str) -> Path | None:
         """The sysfs directory of the container's quota (None: no quota, or no such disk)."""
-        if not self.quotas:
+        if self.quota_mode is None:
             return None
         try:
             fd = os.open(self.path(container_id), os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             return None
         try:
-            path = Path(f"/sys/fs/btrfs/{_fsid(fd)}/qgroups/1_{_subvolume_id(fd)}")
+            level = 1 if self.quota_mode == "simple" else 0
+            path = Path(f"/sys/fs/btrfs/{_fsid(fd)}/qgroups/{level}_{_subvolume_id(fd)}")
         finally:
             os.close(fd)
         return path if path.is_dir() else None
@@ -162,6 +201,15 @@ class Storage:
         qgroup = self.qgroup(container_id)
         if qgroup is None:
             return None
+        if self.quota_mode == "qgroup":  # regular qgroups count at commit: commit first
+            try:
+                fd = os.open(self.path(container_id), os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.ioctl(fd, IOC_SYNC)
+            finally:
+                os.close(fd)
         try:
             return int((qgroup / "referenced").read_text())
         except FileNotFoundError:  # destroyed meanwhile
@@ -196,15 +244,67 @@ class Storage:
                 # It holds subvolumes made inside: rmdir deletes an empty subvolume, so a
                 # walk removes them and then the container's own.
                 shutil.rmtree(path)
-            qgroup = LEVEL_1 | subvol
-            try:
-                args = struct.pack("QQQ", 0, subvol, qgroup)
-                fcntl.ioctl(root_fd, IOC_QGROUP_ASSIGN, bytearray(args))
-                fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 0, qgroup)))
-            except OSError as exc:  # only bookkeeping is left behind: say so, go on
-                log.warning("could not remove qgroup 1/%d of %s: %s", subvol, container_id, exc)
+            if self.quota_mode == "simple":
+                self._remove_level_1(root_fd, subvol, container_id)
+            else:
+                self._remove_level_0(root_fd, subvol, container_id)
         finally:
             os.close(root_fd)
+
+    def _remove_level_0(self, root_fd: int, subvol: int, container_id: str) -> None:
+        # The kernel refuses (EBUSY) while the subvolume holds data, i.e. until the cleaner
+        # has dropped it; 6.10+ then removes the qgroup itself, older kernels leave it, so
+        # later removals sweep what earlier ones left (``btrfs qgroup clear-stale``).
+        try:
+            fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 0, subvol)))
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOENT):
+                log.warning("could not remove qgroup 0/%d of %s: %s", subvol, container_id, exc)
+        self.clear_stale_qgroups()
+
+    def clear_stale_qgroups(self) -> int:
+        """Remove the regular qgroups of subvolumes that are gone; returns how many. A live
+        subvolume's qgroup is never touched: it is not a candidate, and the kernel refuses to
+        remove a qgroup that counts any bytes."""
+        if self.quota_mode != "qgroup":
+            return 0
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            live = {_subvolume_id(root_fd)}  # the top level, 0/5
+            for entry in os.scandir(self.root):
+                with contextlib.suppress(OSError):  # being made or removed meanwhile
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        live.add(_subvolume_id(fd))
+                    finally:
+                        os.close(fd)
+            removed = 0
+            for qgroup in Path(f"/sys/fs/btrfs/{_fsid(root_fd)}/qgroups").glob("0_*"):
+                subvol = int(qgroup.name[2:])
+                try:
+                    if subvol in live or int((qgroup / "referenced").read_text()) != 0:
+                        continue
+                    args = bytearray(struct.pack("QQ", 0, subvol))
+                    fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, args)
+                    removed += 1
+                except FileNotFoundError:  # removed meanwhile (by the kernel, 6.10+)
+                    continue
+                except OSError as exc:  # EBUSY: its subvolume is still being dropped
+                    if exc.errno not in (errno.EBUSY, errno.ENOENT):
+                        log.warning("could not remove stale qgroup 0/%d: %s", subvol, exc)
+            return removed
+        finally:
+            os.close(root_fd)
+
+    @staticmethod
+    def _remove_level_1(root_fd: int, subvol: int, container_id: str) -> None:
+        qgroup = LEVEL_1 | subvol
+        try:
+            args = struct.pack("QQQ", 0, subvol, qgroup)
+            fcntl.ioctl(root_fd, IOC_QGROUP_ASSIGN, bytearray(args))
+            fcntl.ioctl(root_fd, IOC_QGROUP_CREATE, bytearray(struct.pack("QQ", 0, qgroup)))
+        except OSError as exc:  # only bookkeeping is left behind: say so, go on
+            log.warning("could not remove qgroup 1/%d of %s: %s", subvol, container_id, exc)
 
 
 def _fsid(fd: int) -> str:
@@ -238,7 +338,7 @@ def open_storage(state_dir: Path, config: StorageConfig) -> Storage:
                 'storage.backend must stay "btrfs" for this state directory'
             )
             raise SandboxError(msg)
-        return Storage(root, quotas=False)
+        return Storage(root, quota_mode=None)
     with open(state_dir / "disks.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one loop device per image: one mounter at a time
         if not _is_btrfs_mount(root):
@@ -249,8 +349,9 @@ def open_storage(state_dir: Path, config: StorageConfig) -> Storage:
                 )
                 raise SandboxError(msg)
             _mount(root, _device(state_dir, config))
-    _enable_simple_quotas(root)
-    return Storage(root, quotas=True)
+        mode = _enable_quotas(root, config.quota_mode)
+    log.info("container disks: btrfs on %s, %s quotas", root, mode)
+    return Storage(root, quota_mode=mode)
 
 
 def _device(state_dir: Path, config: StorageConfig) -> Path:
@@ -292,24 +393,53 @@ def _mount(root: Path, device: Path) -> None:
     hostns.keep_mounts_under(str(root))
 
 
-def _enable_simple_quotas(root: Path) -> None:
+def _quota_ctl(fd: int, cmd: int) -> None:
+    fcntl.ioctl(fd, IOC_QUOTA_CTL, bytearray(struct.pack("QQ", cmd, 0)))
+
+
+def _enable_quotas(root: Path, wanted: Literal["auto", "simple", "qgroup"]) -> QuotaMode:
+    """Turn quotas on in the mode asked for (``auto``: simple where the kernel has them), or
+    keep the mode the filesystem has: its containers' limits live in that mode's qgroups."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        args = bytearray(struct.pack("QQ", QUOTA_CTL_ENABLE_SIMPLE_QUOTA, 0))
+        qgroups = Path(f"/sys/fs/btrfs/{_fsid(fd)}/qgroups")
+        current = _current_mode(qgroups)
+        if current is not None:
+            if wanted not in ("auto", current):
+                msg = (
+                    f"the btrfs on {root} has {current} quotas, and its containers' limits "
+                    f'are kept in them: set storage.quota_mode to "auto" or "{current}"'
+                )
+                raise SandboxError(msg)
+            return current
+        if wanted != "qgroup":
+            try:
+                _quota_ctl(fd, QUOTA_CTL_ENABLE_SIMPLE_QUOTA)
+                return "simple"
+            except OSError as exc:
+                if wanted == "simple":
+                    msg = f"cannot enable btrfs simple quotas on {root} (Linux 6.7+): {exc}"
+                    raise SandboxError(msg) from None
+                log.info("no btrfs simple quotas on this kernel (%s): regular qgroups", exc)
         try:
-            fcntl.ioctl(fd, IOC_QUOTA_CTL, args)
+            _quota_ctl(fd, QUOTA_CTL_ENABLE)
         except OSError as exc:
-            msg = f"cannot enable btrfs simple quotas on {root} (needs Linux 6.7+): {exc}"
+            msg = f"cannot enable btrfs quotas on {root}: {exc}"
             raise SandboxError(msg) from None
-        fsid = _fsid(fd)
+        return "qgroup"
     finally:
         os.close(fd)
-    # Enabling is a no-op when quotas are on already: they must be simple ones, or a
-    # subvolume made inside a container would escape its quota (see the module's doc).
-    mode = Path(f"/sys/fs/btrfs/{fsid}/qgroups/mode").read_text().strip()
-    if mode != "squota":
-        msg = (
-            f"the btrfs on {root} has quotas in {mode!r} mode; shellbox needs simple quotas "
-            "(btrfs quota disable, then start again)"
-        )
+
+
+def _current_mode(qgroups: Path) -> QuotaMode | None:
+    """The filesystem's quota mode, None when quotas are off."""
+    if not qgroups.is_dir():
+        return None
+    try:
+        name = (qgroups / "mode").read_text().strip()
+    except FileNotFoundError:  # before 6.7: regular qgroups are the only kind
+        return "qgroup"
+    if name not in SYSFS_MODES:
+        msg = f"{qgroups}/mode is {name!r}, a btrfs quota mode shellbox does not know"
         raise SandboxError(msg)
+    return SYSFS_MODES[name]

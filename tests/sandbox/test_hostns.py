@@ -93,8 +93,12 @@ ROOM = textwrap.dedent(
     from shellbox.settings import Settings
 
     rt = create_runtime(Settings(state_dir=Path(sys.argv[1]), runtime={"image_dir": sys.argv[2]}))
-    st = os.statvfs("/sys/fs/cgroup/unified")
-    print(rt.cgroups.mode.value, rt.uid_ranges.count, st.f_blocks * st.f_frsize, st.f_files)
+    mode = rt.cgroups.mode.value
+    if mode == "hybrid":  # only there does a tmpfs stand in for /sys/fs/cgroup/unified
+        st = os.statvfs("/sys/fs/cgroup/unified")
+        print(mode, rt.uid_ranges.count, st.f_blocks * st.f_frsize, st.f_files)
+    else:
+        print(mode, rt.uid_ranges.count, 0, 0)
     """
 )
 

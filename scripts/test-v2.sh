@@ -41,7 +41,9 @@ MIRRORS=("deb http://deb.debian.org/debian bookworm main"
 # work, not cgroups), test_output_memory.py (pipes 1 GB through the agent: longer than its
 # 120 s timeout under emulation; capture memory is the agent's own, on any layout), and the
 # API/egress suites (HTTP and nftables, the same on every layout; tests/api/test_cgroup_smoke.py
-# stands for the server).
+# stands for the server), and test_leftovers.py (it times how fast a fork bomb grows past half
+# the pids limit: under emulation the bomb may not get there before the next command, so the
+# rule has nothing to kill; it passed in one emulated run and not in the next).
 TESTS=(
   tests/sandbox/test_smoke.py
   tests/sandbox/test_semantics.py
@@ -51,7 +53,6 @@ TESTS=(
   tests/sandbox/test_run_cli.py
   tests/sandbox/test_hostns.py
   tests/sandbox/test_cgroups.py
-  tests/sandbox/test_leftovers.py
   tests/sandbox/test_weights.py
   tests/sandbox/test_agent_memory.py
   tests/sandbox/test_uid_ranges.py

@@ -71,13 +71,14 @@ def test_missing_wrong_and_revoked_keys_are_401(server: Any) -> None:
         ],
         capture_output=True,
         text=True,
+        env=server.cli_env(),
     )
     assert again.returncode != 0 and key_id in again.stderr
 
 
 def test_keys_are_stored_hashed(server: Any) -> None:
     key = server.create_key("hashed")
-    raw = (server.state_dir / "private" / "shellbox.db").read_bytes()
+    raw = server.database_bytes()
     assert key.encode() not in raw
 
 
@@ -161,7 +162,7 @@ def test_revoking_the_last_key_never_reopens_the_server(server_factory: Any) -> 
     assert httpx.get(f"{srv.base_url}/containers", headers=_bearer(key)).status_code == 200
     # Revoked by another process (here: this one, on the server's store) right after a
     # successful request: refused from the very next request, no cache to wait out.
-    store = create_database(f"sqlite:///{srv.state_dir / 'private' / 'shellbox.db'}")
+    store = create_database(srv.database_url)
     try:
         KeyService(SqlKeyStore(store)).revoke(_key_id(srv, "only"))
     finally:

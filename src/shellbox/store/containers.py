@@ -111,9 +111,9 @@ class SqlContainerStore:
                     text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(record.project)}
                 )
             else:
-                # Take SQLite's write lock before counting (a no-op update does): a second
-                # writer waits here instead of counting rows the first is about to add.
-                conn.execute(update(containers).where(containers.c.seq == -1).values(seq=-1))
+                # Take SQLite's write lock before counting: a second writer waits here
+                # instead of counting rows the first is about to add.
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
             usage = self._usage(conn, record.project)
             want = quota.memory_bytes[record.memory_limit]
             if (
@@ -195,7 +195,8 @@ class SqlContainerStore:
                     *_LIVE_ROWS, containers.c.skills.is_not(None)
                 )
             ).all()
-        return [(cid, entries or []) for cid, entries in rows]
+        # (a JSON null passes ``IS NOT NULL``: rows without skills are dropped here)
+        return [(cid, entries) for cid, entries in rows if entries]
 
     def with_secrets(self) -> list[tuple[str, Any]]:
         with self.db.connect() as conn:
@@ -204,7 +205,7 @@ class SqlContainerStore:
                     containers.c.secrets.is_not(None)
                 )
             ).all()
-        return [(cid, secrets) for cid, secrets in rows]
+        return [(cid, secrets) for cid, secrets in rows if secrets]
 
     def set_secrets(self, cid: str, secrets: list[dict[str, Any]]) -> None:
         with self.db.begin() as conn:

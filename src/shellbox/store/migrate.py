@@ -42,12 +42,15 @@ def current(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database to ``revision``, in one transaction (and, on PostgreSQL, under an
-    advisory lock, so that two servers starting at once do not both run a migration)."""
+    """Migrate the database to ``revision``, in one transaction that first takes a lock
+    (PostgreSQL: an advisory lock; SQLite: the write lock), so that two servers starting at
+    once migrate one after the other: the second finds the work done."""
     config = _config()
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         before = MigrationContext.configure(conn).get_current_revision()
         config.attributes["connection"] = conn
         command.upgrade(config, revision)

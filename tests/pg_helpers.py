@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import make_url
+
 PG_BIN = Path(os.environ.get("SHELLBOX_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 LANE_ENV = "SHELLBOX_TEST_DATABASE"  # "postgresql": the API lane runs on PostgreSQL
 
@@ -72,7 +74,7 @@ class Cluster:
 
     def dump(self, url: str) -> bytes:
         """Everything a database holds, as ``pg_dump`` writes it."""
-        database = url.split("/")[-1].split("?")[0]
+        database = str(make_url(url).database)
         return subprocess.run(
             [
                 str(PG_BIN / "pg_dump"),

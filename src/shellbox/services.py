@@ -66,10 +66,16 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     files = FileService(settings, stores.files, stores.container_files, containers)
     calls = CallService(containers, files, limits)
     services = Services(settings, db, stores, runtime, keys, containers, files, calls, limits)
-    idempotency = IdempotencyService(stores.idempotency, settings.lifecycle.idempotency_ttl_s)
+    idempotency = IdempotencyService(
+        stores.idempotency,
+        settings.lifecycle.idempotency_ttl_s,
+        run_file=settings.private_dir() / "run",
+        heartbeat_s=settings.lifecycle.reaper_interval_s,
+    )
     containers.provision_hooks.append(idempotency.attach_container)
     containers.reap_hooks.append(idempotency.purge_expired)
     services.extras["idempotency"] = idempotency
+    services.closers.append(idempotency.close)
     for install in FEATURES:
         install(services)
     return services

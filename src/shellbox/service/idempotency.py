@@ -6,8 +6,10 @@ run token) and holds the result once it succeeded (``done``). A retry finds:
 
 - ``done``, same request: the stored result (``replay``);
 - ``done`` or ``in_progress``, another request (route or fingerprint): ``IdempotencyKeyReused``;
-- ``in_progress`` by this process: ``IdempotencyKeyInUse`` (a retryable 409);
-- ``in_progress`` by a process that died (a crash cut the first request off): the route says
+- ``in_progress`` by this process, or by another server that is alive (it reported within
+  ``lease_s``, see ``server_runs``): ``IdempotencyKeyInUse`` (a retryable 409);
+- ``in_progress`` by a process that died (a crash cut the first request off; a server
+  restarted on its state directory declares its previous run dead at once): the route says
   whether the work may run again (``rerun``; it then takes the key over and learns which
   resource the first attempt had started, if any) or not (``IdempotencyKeyInterrupted``).
 
@@ -18,10 +20,13 @@ after their first use.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import os
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from shellbox.errors import (
     IdempotencyKeyInterrupted,
@@ -37,6 +42,7 @@ from shellbox.store.tables import MAX_IDEMPOTENCY_KEY_LENGTH
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = MAX_IDEMPOTENCY_KEY_LENGTH
 PURGE_INTERVAL_S = 60.0
+MIN_LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -80,11 +86,45 @@ def check_key(key: str) -> str:
 
 
 class IdempotencyService:
-    def __init__(self, store: IdempotencyStore, ttl_s: float) -> None:
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        ttl_s: float,
+        *,
+        run_file: Path | None = None,
+        heartbeat_s: float = 5.0,
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.run = secrets.token_hex(8)
+        # This server's run token is kept here, so that the next start on the same state
+        # directory knows the run it replaces is dead (no need to wait out the lease).
+        self.run_file = run_file
+        # Another server's claim is live while it reports within this (it reports every
+        # reaper round).
+        self.lease_s = max(MIN_LEASE_S, 6 * heartbeat_s)
         self._next_purge = 0.0
+
+    async def start(self) -> None:
+        """Declare the run this state directory had before dead, and report this one."""
+        if self.run_file is not None:
+            self.run_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                previous = self.run_file.read_text().strip()
+                if previous:
+                    self.store.forget_run(previous)
+            fd = os.open(self.run_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.run)
+        self.store.heartbeat(self.run, int(time.time()))
+
+    async def close(self) -> None:
+        """A clean stop: this run's claims are dead from now on."""
+        self.store.forget_run(self.run)
+
+    def _alive(self, run: str, now: int) -> bool:
+        seen = self.store.run_seen(run)
+        return seen is not None and seen >= now - self.lease_s
 
     def begin(
         self, principal: Principal, key: str, route: str, fingerprint: str, *, rerun: bool
@@ -109,7 +149,7 @@ class IdempotencyService:
             if row.state == "done":
                 assert row.status is not None and row.content_type is not None
                 return Begun(replay=Stored(row.status, row.content_type, row.body or b""))
-            if row.run == self.run:
+            if row.run == self.run or self._alive(row.run, now):
                 msg = (
                     f"the first request with this {HEADER} is still running; retry in a "
                     "moment to get its result"
@@ -153,8 +193,10 @@ class IdempotencyService:
             self.attach(claim, cid)
 
     async def purge_expired(self) -> None:
-        """A reaper hook: forget keys older than the TTL (at most once a minute)."""
+        """A reaper hook: report this run alive; forget keys older than the TTL (at most once
+        a minute)."""
         now = time.time()
+        self.store.heartbeat(self.run, int(now))
         if now < self._next_purge:
             return
         self._next_purge = now + PURGE_INTERVAL_S

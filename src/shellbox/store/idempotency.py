@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sqlalchemy import delete, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from shellbox.store.db import Database
 from shellbox.store.records import IdempotencyRecord
 from shellbox.store.tables import idempotency_keys as keys
+from shellbox.store.tables import server_runs
 
 
 class IdempotencyStore(Protocol):
@@ -27,6 +29,9 @@ class IdempotencyStore(Protocol):
     def release(self, project: str, key: str, run: str) -> None: ...
     def attach(self, project: str, key: str, run: str, resource_id: str) -> None: ...
     def purge(self, before: int) -> None: ...
+    def heartbeat(self, run: str, at: int) -> None: ...
+    def run_seen(self, run: str) -> int | None: ...
+    def forget_run(self, run: str) -> None: ...
 
 
 class SqlIdempotencyStore:
@@ -120,3 +125,29 @@ class SqlIdempotencyStore:
     def purge(self, before: int) -> None:
         with self.db.begin() as conn:
             conn.execute(delete(keys).where(keys.c.created_at < before))
+
+    # -- which runs are alive ---------------------------------------------------------------
+
+    def heartbeat(self, run: str, at: int) -> None:
+        """Record that ``run`` (a server process) is alive at ``at``."""
+        with self.db.begin() as conn:
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            stmt = dialect.insert(server_runs).values(run=run, seen_at=at)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[server_runs.c.run], set_={"seen_at": stmt.excluded.seen_at}
+                )
+            )
+
+    def run_seen(self, run: str) -> int | None:
+        """When ``run`` last reported alive (None: never, or it stopped cleanly or was
+        declared dead)."""
+        with self.db.connect() as conn:
+            value = conn.execute(
+                select(server_runs.c.seen_at).where(server_runs.c.run == run)
+            ).scalar()
+        return None if value is None else int(value)
+
+    def forget_run(self, run: str) -> None:
+        with self.db.begin() as conn:
+            conn.execute(delete(server_runs).where(server_runs.c.run == run))

@@ -186,3 +186,12 @@ idempotency_keys = Table(
     Column("body", LargeBinary, nullable=True),
     Column("created_at", BigInteger, nullable=False),
 )
+
+# Server processes that claim idempotency keys, with when each was last seen alive: another
+# server's claim is only taken over once its process has stopped reporting (migration 0002).
+server_runs = Table(
+    "server_runs",
+    metadata,
+    Column("run", String(32), primary_key=True),
+    Column("seen_at", BigInteger, nullable=False),
+)

@@ -61,6 +61,13 @@ def _lock_key(project: str) -> int:
 
 
 _LIVE_ROWS = (containers.c.status.in_(LIVE), containers.c.deleted.is_(False))
+# Built once: on every call's path, and building the expression costs about what running it
+# does.
+_GET = select(containers).where(
+    containers.c.id == bindparam("b_id"),
+    containers.c.project == bindparam("b_project"),
+    containers.c.deleted.is_(False),
+)
 
 
 class SqlContainerStore:
@@ -68,14 +75,9 @@ class SqlContainerStore:
         self.db = db
 
     def get(self, project: str, cid: str) -> ContainerRecord | None:
+        """One indexed read (every call makes it: see ``ContainerService._claim``)."""
         with self.db.connect() as conn:
-            row = conn.execute(
-                select(containers).where(
-                    containers.c.id == cid,
-                    containers.c.project == project,
-                    containers.c.deleted.is_(False),
-                )
-            ).first()
+            row = conn.execute(_GET, {"b_id": cid, "b_project": project}).first()
         return None if row is None else ContainerRecord.from_row(row._mapping)
 
     def page(

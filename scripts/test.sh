@@ -2,7 +2,9 @@
 # Set up (first time only), build the sandbox images if needed (the default one, with Node.js
 # 22.16, Java, PHP, Ruby, Go, build and media tools, takes about 7 minutes the first time on a
 # busy 2-core machine; the minimal one, which some tests use, about 2), lint, type-check, run
-# the tests.
+# the tests: the whole suite on SQLite (the store contract suite runs on SQLite and on a
+# throwaway PostgreSQL cluster there), then the PostgreSQL lane: the API tests of containers,
+# files and keys against servers whose database is PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -11,4 +13,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
-exec .venv/bin/pytest "$@"
+.venv/bin/pytest "$@"
+SHELLBOX_TEST_DATABASE=postgresql exec .venv/bin/pytest "$@" \
+  tests/api/test_containers.py tests/api/test_files.py tests/api/test_auth.py

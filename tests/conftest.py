@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import pg_helpers as postgres
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
 from shellbox.settings import Settings
@@ -93,6 +94,7 @@ class ServerProcess:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    cluster: postgres.Cluster | None = None
 
     @property
     def base_url(self) -> str:
@@ -115,6 +117,23 @@ class ServerProcess:
 
     def create_key(self, project: str) -> str:
         return self.shellbox("keys", "create", "--project", project)
+
+    @property
+    def database_url(self) -> str:
+        """The server's database: its own PostgreSQL database in the PostgreSQL lane."""
+        default = f"sqlite:///{self.state_dir / 'private' / 'shellbox.db'}"
+        return self.env.get("SHELLBOX_STORE__DATABASE_URL", default)
+
+    def database_bytes(self) -> bytes:
+        """Everything the database holds, as bytes (the SQLite files, or a ``pg_dump``)."""
+        if self.database_url.startswith("sqlite"):
+            return b"".join(p.read_bytes() for p in (self.state_dir / "private").glob("*.db*"))
+        assert self.cluster is not None
+        return self.cluster.dump(self.database_url)
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment for a ``shellbox`` command run against this server's store."""
+        return self._env()
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -207,8 +226,24 @@ def destroy_all_sandboxes(state_dir: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def server_factory() -> Iterator[Callable[..., ServerProcess]]:
-    """Start extra servers (own state dir), e.g. with short lifecycle settings via ``env``."""
+def pg_cluster() -> Iterator[postgres.Cluster]:
+    """A throwaway PostgreSQL cluster for the session (each test takes a fresh database)."""
+    if not postgres.available():
+        pytest.fail(f"PostgreSQL is not installed in {postgres.PG_BIN}: run ./scripts/setup.sh")
+    cluster = postgres.start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+def postgres_lane() -> bool:
+    """Whether this run is the PostgreSQL lane of the API tests (scripts/test.sh)."""
+    return os.environ.get(postgres.LANE_ENV, "sqlite") == "postgresql"
+
+
+@pytest.fixture(scope="session")
+def server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., ServerProcess]]:
+    """Start extra servers (own state dir), e.g. with short lifecycle settings via ``env``.
+    In the PostgreSQL lane each server gets a fresh database of the session's cluster."""
     started: list[ServerProcess] = []
 
     def make(
@@ -218,6 +253,9 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
         start: bool = True,
     ) -> ServerProcess:
         server = ServerProcess(state_dir or make_state_dir("shellbox-srv-"), env or {}, args or [])
+        if postgres_lane() and "SHELLBOX_STORE__DATABASE_URL" not in server.env:
+            server.cluster = request.getfixturevalue("pg_cluster")
+            server.env["SHELLBOX_STORE__DATABASE_URL"] = server.cluster.new_database()
         started.append(server)
         return server.start() if start else server
 

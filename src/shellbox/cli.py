@@ -1,4 +1,4 @@
-"""The ``shellbox`` command: serve, run, image, keys, patch."""
+"""The ``shellbox`` command: serve, run, image, keys, db, patch."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     overrides: dict[str, Any] = {}
     if getattr(args, "state_dir", None):
         overrides["state_dir"] = Path(args.state_dir).resolve()
+    if getattr(args, "database_url", None):
+        overrides["store"] = {"database_url": args.database_url}
     for k, v in extra.items():
         if v is not None:
             overrides[k] = v
@@ -130,11 +132,12 @@ def _key_state(settings: Settings) -> tuple[bool, bool]:
     """(whether any key is active, whether the store ever held a key)."""
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
+    from shellbox.store.keys import SqlKeyStore
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())
     try:
-        keys = KeyService(db)
+        keys = KeyService(SqlKeyStore(db))
         return keys.any_active(), keys.ever_had_key()
     finally:
         db.dispose()
@@ -211,10 +214,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _key_service(args: argparse.Namespace) -> Any:
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
+    from shellbox.store.keys import SqlKeyStore
 
     settings = _settings(args)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    return KeyService(create_database(settings.database_url()))
+    return KeyService(SqlKeyStore(create_database(settings.database_url())))
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -236,6 +240,43 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     key = _key_service(args).revoke(args.key_id)
     print(f"revoked {key.id} ({key.project})")
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    """Migrate the database to this release's schema (``serve`` does it at start-up too)."""
+    import logging
+
+    from shellbox.store import create_database
+    from shellbox.store.migrate import current, head, upgrade
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = _settings(args)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    db = create_database(settings.database_url(), migrate=False)
+    try:
+        before = current(db.engine)
+        upgrade(db.engine, args.revision)
+        after = current(db.engine)
+    finally:
+        db.dispose()
+    state = "already at" if before == after else f"migrated from {before or 'nothing'} to"
+    print(f"database {state} revision {after} (newest: {head()})")
+    return 0
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    from shellbox.store import create_database
+    from shellbox.store.migrate import current, head
+
+    settings = _settings(args)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    db = create_database(settings.database_url(), migrate=False)
+    try:
+        revision = current(db.engine)
+    finally:
+        db.dispose()
+    print(f"{revision or 'none'} (newest: {head()})")
     return 0
 
 
@@ -337,6 +378,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(kr)
     kr.add_argument("key_id")
     kr.set_defaults(func=cmd_keys_revoke)
+    for p in (kc, kl, kr):
+        p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in state dir)")
+
+    db = sub.add_parser("db", help="manage the metadata database")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    up = db_sub.add_parser("upgrade", help="migrate the schema to this release's (or REVISION)")
+    _add_common(up)
+    up.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in state dir)")
+    up.add_argument("revision", nargs="?", default="head", help="target revision (default: head)")
+    up.set_defaults(func=cmd_db_upgrade)
+    cur = db_sub.add_parser("current", help="print the schema revision of the database")
+    _add_common(cur)
+    cur.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in state dir)")
+    cur.set_defaults(func=cmd_db_current)
 
     patch = sub.add_parser("patch", help="apply a V4A patch envelope to a container's files")
     _add_common(patch)

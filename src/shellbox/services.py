@@ -19,13 +19,14 @@ from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
-from shellbox.store import Database, create_database
+from shellbox.store import Database, Stores, create_database, create_stores
 
 
 @dataclass
 class Services:
     settings: Settings
     db: Database
+    stores: Stores
     runtime: OciRuntime
     keys: KeyService
     containers: ContainerService
@@ -56,18 +57,25 @@ class Services:
 
 def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Services:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    db = create_database(settings.database_url())
+    db = create_database(settings.database_url())  # migrates the schema to this release's
+    stores = create_stores(db)
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
-    keys = KeyService(db, open_allowed=is_loopback(settings.server.host))
-    containers = ContainerService(settings, db, runtime)
-    files = FileService(settings, db, containers)
+    keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
+    containers = ContainerService(settings, stores.containers, runtime)
+    files = FileService(settings, stores.files, stores.container_files, containers)
     calls = CallService(containers, files, limits)
-    services = Services(settings, db, runtime, keys, containers, files, calls, limits)
-    idempotency = IdempotencyService(db, settings.lifecycle.idempotency_ttl_s)
+    services = Services(settings, db, stores, runtime, keys, containers, files, calls, limits)
+    idempotency = IdempotencyService(
+        stores.idempotency,
+        settings.lifecycle.idempotency_ttl_s,
+        run_file=settings.private_dir() / "run",
+        heartbeat_s=settings.lifecycle.reaper_interval_s,
+    )
     containers.provision_hooks.append(idempotency.attach_container)
     containers.reap_hooks.append(idempotency.purge_expired)
     services.extras["idempotency"] = idempotency
+    services.closers.append(idempotency.close)
     for install in FEATURES:
         install(services)
     return services

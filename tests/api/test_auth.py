@@ -15,6 +15,7 @@ from api_helpers import error_of, shell
 from shellbox.errors import AuthenticationFailed
 from shellbox.service.keys import OPEN_PROJECT, KeyService
 from shellbox.store import create_database
+from shellbox.store.keys import SqlKeyStore
 
 
 def _bearer(token: str) -> dict[str, str]:
@@ -70,13 +71,14 @@ def test_missing_wrong_and_revoked_keys_are_401(server: Any) -> None:
         ],
         capture_output=True,
         text=True,
+        env=server.cli_env(),
     )
     assert again.returncode != 0 and key_id in again.stderr
 
 
 def test_keys_are_stored_hashed(server: Any) -> None:
     key = server.create_key("hashed")
-    raw = (server.state_dir / "private" / "shellbox.db").read_bytes()
+    raw = server.database_bytes()
     assert key.encode() not in raw
 
 
@@ -160,9 +162,9 @@ def test_revoking_the_last_key_never_reopens_the_server(server_factory: Any) -> 
     assert httpx.get(f"{srv.base_url}/containers", headers=_bearer(key)).status_code == 200
     # Revoked by another process (here: this one, on the server's store) right after a
     # successful request: refused from the very next request, no cache to wait out.
-    store = create_database(f"sqlite:///{srv.state_dir / 'private' / 'shellbox.db'}")
+    store = create_database(srv.database_url)
     try:
-        KeyService(store).revoke(_key_id(srv, "only"))
+        KeyService(SqlKeyStore(store)).revoke(_key_id(srv, "only"))
     finally:
         store.dispose()
     for token in ("anything", key):
@@ -194,17 +196,17 @@ def test_revoking_the_last_key_never_reopens_the_server(server_factory: Any) -> 
 def test_open_mode_needs_a_loopback_bind_and_a_loopback_peer(tmp_path: Path) -> None:
     db = create_database(f"sqlite:///{tmp_path}/keys.db")
     try:
-        closed = KeyService(db, open_allowed=False)  # bound to a non-loopback address
+        closed = KeyService(SqlKeyStore(db), open_allowed=False)  # bound to a non-loopback address
         with pytest.raises(AuthenticationFailed):
             closed.authenticate("anything", "127.0.0.1")
-        keyless = KeyService(db, open_allowed=True)
+        keyless = KeyService(SqlKeyStore(db), open_allowed=True)
         assert keyless.authenticate("anything", "127.0.0.1").project == OPEN_PROJECT
         assert keyless.authenticate("anything", "::1").project == OPEN_PROJECT
         for peer in ("192.0.2.7", "::ffff:192.0.2.7", None):
             with pytest.raises(AuthenticationFailed):
                 keyless.authenticate("anything", peer)
         # Another process (another service on the same store) creates a key: closed at once.
-        KeyService(db).create("p")
+        KeyService(SqlKeyStore(db)).create("p")
         with pytest.raises(AuthenticationFailed):
             keyless.authenticate("anything", "127.0.0.1")
     finally:

@@ -10,8 +10,9 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from shellbox.egress.audit import AuditTail
-from shellbox.egress.tables import egress_events
 from shellbox.store import create_database
+from shellbox.store.egress import SqlEgressStore
+from shellbox.store.tables import egress_events
 
 
 def line(n: int, **kw: object) -> bytes:
@@ -32,11 +33,11 @@ def test_lines_are_ingested_once_across_restarts(tmp_path: Path) -> None:
     db = create_database(f"sqlite:///{tmp_path / 'db.sqlite'}")
     audit, offset = tmp_path / "audit.jsonl", tmp_path / "audit.offset"
     audit.write_bytes(line(1) + line(2) + line(3)[:20])  # the last one is still being written
-    tail = AuditTail(db, audit, offset)
+    tail = AuditTail(SqlEgressStore(db), audit, offset)
     assert tail.ingest() == 2
     with open(audit, "ab") as f:
         f.write(line(3)[20:] + b"not json\n" + line(4, decision="refused", status=520))
-    tail = AuditTail(db, audit, offset)  # a new server: resumes at the saved offset
+    tail = AuditTail(SqlEgressStore(db), audit, offset)  # a new server: resumes at the saved offset
     assert tail.ingest() == 3
     assert paths(db) == ["/1", "/2", "/3", "/4"]  # the malformed line is skipped
     with db.connect() as conn:
@@ -48,7 +49,7 @@ def test_lines_are_ingested_once_across_restarts(tmp_path: Path) -> None:
 def test_rotation_drains_the_old_file(tmp_path: Path) -> None:
     db = create_database(f"sqlite:///{tmp_path / 'db.sqlite'}")
     audit, offset = tmp_path / "audit.jsonl", tmp_path / "audit.offset"
-    tail = AuditTail(db, audit, offset, rotate_bytes=100, quiet_s=0.2)
+    tail = AuditTail(SqlEgressStore(db), audit, offset, rotate_bytes=100, quiet_s=0.2)
     audit.write_bytes(line(1) + line(2))
     assert tail.ingest() == 2  # ...and, fully read and past 100 bytes, it is rotated away
     rotated = tmp_path / "audit.jsonl.1"

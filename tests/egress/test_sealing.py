@@ -12,6 +12,7 @@ from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.errors import SandboxError
 from shellbox.settings import Settings
 from shellbox.store import create_database
+from shellbox.store.containers import SqlContainerStore
 from shellbox.store.tables import containers
 
 VALUE = "sk-at-rest-0123456789abcdef"
@@ -74,8 +75,8 @@ def test_plaintext_rows_are_sealed_and_leave_no_trace(tmp_path: Path) -> None:
     _add_container(db, "c-none", [])
     assert VALUE.encode() in _db_bytes(settings.state_dir)
     sealer = SecretSealer(load_key(settings.secrets_key_file()), settings.secrets_key_file())
-    assert seal_plaintext_rows(db, sealer) == 1
-    assert seal_plaintext_rows(db, sealer) == 0  # once
+    assert seal_plaintext_rows(SqlContainerStore(db), sealer) == 1
+    assert seal_plaintext_rows(SqlContainerStore(db), sealer) == 0  # once
     with db.connect() as conn:
         stored = conn.execute(select(containers.c.secrets).where(containers.c.id == "c-old"))
         [secrets] = stored.scalars().all()

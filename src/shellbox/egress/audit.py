@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert
-
 from shellbox.egress.paths import write_atomic
-from shellbox.egress.tables import egress_events
 from shellbox.ids import new_id
-from shellbox.store import Database
+from shellbox.store import EgressStore
 
 log = logging.getLogger("shellbox.egress")
 
@@ -41,14 +38,14 @@ class _Position:
 class AuditTail:
     def __init__(
         self,
-        db: Database,
+        store: EgressStore,
         path: Path,
         offset_path: Path,
         *,
         rotate_bytes: int = ROTATE_BYTES,
         quiet_s: float = ROTATED_QUIET_S,
     ) -> None:
-        self.db = db
+        self.store = store
         self.path = path
         self.offset_path = offset_path
         self.rotate_bytes = rotate_bytes
@@ -104,9 +101,7 @@ class AuditTail:
             return 0
         lines = chunk[: end + 1].splitlines()
         rows = [r for r in (_row(line) for line in lines) if r is not None]
-        if rows:
-            with self.db.begin() as conn:
-                conn.execute(insert(egress_events), rows)
+        self.store.add_events(rows)
         self.pos.offset += end + 1
         self._save()
         return len(lines)

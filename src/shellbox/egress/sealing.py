@@ -16,11 +16,9 @@ import os
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import select, text, update
 
 from shellbox.errors import SandboxError
-from shellbox.store import Database
-from shellbox.store.tables import containers
+from shellbox.store import ContainerStore
 
 log = logging.getLogger("shellbox.egress")
 
@@ -93,27 +91,19 @@ def load_key(path: Path) -> bytes:
     return key
 
 
-def seal_plaintext_rows(db: Database, sealer: SecretSealer) -> int:
+def seal_plaintext_rows(store: ContainerStore, sealer: SecretSealer) -> int:
     """Seal the secrets an older shellbox stored in clear; returns how many rows changed."""
-    with db.connect() as conn:
-        rows = conn.execute(
-            select(containers.c.id, containers.c.secrets).where(containers.c.secrets.is_not(None))
-        ).all()
+    rows = store.with_secrets()
     changed = 0
     for cid, entries in rows:
         if not isinstance(entries, list) or all(SEALED in e for e in entries):
             continue
         clear = [e for e in entries if SEALED not in e]
         sealed = [e for e in entries if SEALED in e] + sealer.seal(clear)
-        with db.begin() as conn:
-            conn.execute(update(containers).where(containers.c.id == cid).values(secrets=sealed))
+        store.set_secrets(cid, sealed)
         changed += 1
-    if changed and db.engine.dialect.name == "sqlite":
-        # the clear text must not stay behind in the WAL or in free pages of the file
-        with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
-            conn.execute(text("VACUUM"))
-            conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+    if changed:
+        store.scrub()  # the clear text must not stay behind in the WAL or in free pages
     if changed:
         log.info("sealed the domain_secrets of %d containers stored in clear", changed)
     return changed

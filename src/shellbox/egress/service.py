@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, insert, select
-
 from shellbox.egress import policy as pol
 from shellbox.egress.audit import AuditTail, event_object
 from shellbox.egress.netns import NetnsPool, Slot
@@ -42,13 +40,11 @@ from shellbox.egress.paths import (
 )
 from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.egress.supervisor import ProxySupervisor, find_python
-from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
 from shellbox.sandbox import ContainerSpec, Mount
 from shellbox.service.containers import CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
 from shellbox.service.warm_pool import WarmPool
-from shellbox.store.tables import containers, metadata
 
 if TYPE_CHECKING:
     from shellbox.services import Services
@@ -66,7 +62,8 @@ class EgressService:
     def __init__(self, services: Services) -> None:
         self.services = services
         self.settings = services.settings.egress
-        self.db = services.db
+        self.store = services.stores.egress
+        self.container_rows = services.stores.containers
         self.runtime = services.runtime
         self.operator: list[str] | None = None
         if self.settings.allow is not None:
@@ -91,7 +88,7 @@ class EgressService:
         self.port = 0
         self.pool: NetnsPool | None = None
         self.proxy: ProxySupervisor | None = None
-        self.tail = AuditTail(self.db, self.paths.audit, self.paths.audit_offset)
+        self.tail = AuditTail(self.store, self.paths.audit, self.paths.audit_offset)
         self.clients: dict[str, dict[str, Any]] = {}  # sandbox address -> addon entry
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -240,24 +237,15 @@ class EgressService:
 
     def _live_slots(self) -> dict[str, int]:
         """container id -> slot, for containers that still run or sleep."""
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(egress_slots.c.container_id, egress_slots.c.slot)
-                .join(containers, containers.c.id == egress_slots.c.container_id)
-                .where(containers.c.status.in_(("running", "sleeping")))
-            ).all()
-        return {r.container_id: r.slot for r in rows}
+        return self.store.live_slots()
 
     def _rebuild_clients(self) -> None:
         live = self._live_slots()
         if not live:
             self.clients = {}
             return
-        with self.db.connect() as conn:
-            rows = conn.execute(select(containers).where(containers.c.id.in_(list(live)))).all()
         self.clients = {}
-        for row in rows:
-            record = ContainerRecord.from_row(dict(row._mapping))
+        for record in self.container_rows.by_ids(list(live)):
             slot = NetnsPool.slot_for(self.settings.subnet, live[record.id])
             allowed = list(record.network_policy.get("allowed_domains", []))
             try:
@@ -296,12 +284,7 @@ class EgressService:
         assert self.pool is not None
         slot = self._pooled_slots.pop(cid, None) or await self.pool.acquire()
         try:
-            with self.db.begin() as conn:
-                conn.execute(
-                    insert(egress_slots).values(
-                        container_id=cid, slot=slot.index, created_at=int(time.time())
-                    )
-                )
+            self.store.claim_slot(cid, slot.index, int(time.time()))
         except BaseException:
             self.pool.release_soon(slot)
             raise
@@ -382,8 +365,7 @@ class EgressService:
         index = self._slot_of(record.id)
         if index is None:
             return
-        with self.db.begin() as conn:
-            conn.execute(delete(egress_slots).where(egress_slots.c.container_id == record.id))
+        self.store.release_slot(record.id)
         slot = NetnsPool.slot_for(self.settings.subnet, index)
         entry = self.clients.get(slot.sandbox_ip)
         if entry is not None and entry["container"] == record.id:
@@ -398,11 +380,7 @@ class EgressService:
             await cleanup.destroy(slot)
 
     def _slot_of(self, cid: str) -> int | None:
-        with self.db.connect() as conn:
-            value = conn.execute(
-                select(egress_slots.c.slot).where(egress_slots.c.container_id == cid)
-            ).scalar()
-        return None if value is None else int(value)
+        return self.store.slot_of(cid)
 
     # -- the audit --------------------------------------------------------------------------
 
@@ -410,21 +388,15 @@ class EgressService:
         self, cid: str, *, after: str | None, limit: int, order: str
     ) -> tuple[list[dict[str, Any]], bool]:
         self.tail.ingest()  # what the proxy wrote a moment ago is part of the answer
-        page = self.db.page(
-            egress_events,
-            [egress_events.c.container_id == cid],
-            after=after,
-            limit=limit,
-            order="asc" if order == "asc" else "desc",
+        rows, has_more = self.store.events(
+            cid, after=after, limit=limit, order="asc" if order == "asc" else "desc"
         )
-        return [event_object(r) for r in page.rows], page.has_more
+        return [event_object(r) for r in rows], has_more
 
 
 def install(services: Services) -> None:
-    # The database was created before this module was imported: add our tables if missing.
-    metadata.create_all(services.db.engine, tables=[egress_slots, egress_events])
     egress = EgressService(services)
-    seal_plaintext_rows(services.db, egress.sealer)
+    seal_plaintext_rows(services.stores.containers, egress.sealer)
     services.extras["egress"] = egress
     services.closers.append(egress.close)
     c = services.containers

@@ -18,7 +18,7 @@ from shellbox.responses.environment import (
 from shellbox.responses.items import check_pairing
 from shellbox.responses.loop import Caps, LoopRequest, Run
 from shellbox.responses.responses_dialect import ResponsesDialect
-from shellbox.responses.store import ResponseStore, StoredResponse
+from shellbox.responses.store import StoredResponse, StoredResponses
 from shellbox.responses.upstream import UpstreamClient, check_models, resolve_target
 from shellbox.service.models import Principal
 
@@ -34,7 +34,7 @@ class ResponsesService:
         self.containers = services.containers
         self.calls = services.calls
         self.files = services.files
-        self.store = ResponseStore(services.db)
+        self.store = StoredResponses(services.stores.responses)
         self.upstream = UpstreamClient({"chat": ChatDialect(), "responses": ResponsesDialect()})
         self.caps = Caps(
             max_iterations=settings.max_iterations,

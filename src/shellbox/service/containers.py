@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
-
 from shellbox.errors import (
     ContainerNotFound,
     ContainerNotRunning,
@@ -32,12 +30,10 @@ from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
 from shellbox.service.warm_pool import WarmPool
 from shellbox.settings import Settings
-from shellbox.store import Database
-from shellbox.store.db import Page
-from shellbox.store.tables import containers
+from shellbox.store import ContainerStore, Quota, Usage
+from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, responses)
 
 log = logging.getLogger("shellbox.containers")
-LIVE = ("running", "sleeping")
 DEFAULT_MEMORY: MemoryLimit = "1g"
 
 
@@ -75,9 +71,9 @@ CheckHook = Callable[[Principal, CreateContainer], object]  # raises InvalidRequ
 
 
 class ContainerService:
-    def __init__(self, settings: Settings, db: Database, runtime: OciRuntime) -> None:
+    def __init__(self, settings: Settings, store: ContainerStore, runtime: OciRuntime) -> None:
         self.settings = settings
-        self.db = db
+        self.store = store
         self.runtime = runtime
         self.check_hooks: list[CheckHook] = []  # validation, before anything is allocated
         self.provision_hooks: list[ProvisionHook] = []
@@ -86,10 +82,12 @@ class ContainerService:
         self.reap_hooks: list[ReapHook] = []  # other housekeeping, on every reaper round
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
-        # Live containers this server has used, by id: the hot path (every call) checks and
-        # renews them here rather than in the database. Status changes are written through at
+        # Live containers this server has used, by id: one shared record per container, so
+        # that a call, the reaper and a delete in this process see each other's changes. Every
+        # call still reads the container's row (another server on the same database may have
+        # ended it) and takes its status from there; status changes are written through at
         # once; last_active_at is written behind (``flush_activity``, each reaper round and at
-        # shutdown), so a crash loses at most one reaper interval of it.
+        # shutdown; never moved back), so a crash loses at most one reaper interval of it.
         self._live: dict[str, ContainerRecord] = {}
         self._dirty: set[str] = set()
         # project -> memory limits of creations not yet in the database (once their row is
@@ -112,18 +110,11 @@ class ContainerService:
     # -- queries ----------------------------------------------------------------------------
 
     def get(self, principal: Principal, cid: str) -> ContainerRecord:
-        with self.db.connect() as conn:
-            row = conn.execute(
-                select(containers).where(
-                    containers.c.id == cid,
-                    containers.c.project == principal.project,
-                    containers.c.deleted.is_(False),
-                )
-            ).first()
-        if row is None:
+        record = self.store.get(principal.project, cid)
+        if record is None:
             msg = f"No container found with id '{cid}'."
             raise ContainerNotFound(msg, param="container_id")
-        return self._fresh(ContainerRecord.from_row(row._mapping))
+        return self._fresh(record)
 
     def _fresh(self, record: ContainerRecord) -> ContainerRecord:
         """A record read from the database, with the activity not written there yet."""
@@ -141,13 +132,14 @@ class ContainerService:
         order: str,
         name: str | None = None,
     ) -> tuple[list[ContainerRecord], bool]:
-        where = [containers.c.project == principal.project, containers.c.deleted.is_(False)]
-        if name is not None:
-            where.append(containers.c.name == name)
-        page: Page = self.db.page(
-            containers, where, after=after, limit=limit, order="asc" if order == "asc" else "desc"
+        found, has_more = self.store.page(
+            principal.project,
+            name=name,
+            after=after,
+            limit=limit,
+            order="asc" if order == "asc" else "desc",
         )
-        return [self._fresh(ContainerRecord.from_row(r)) for r in page.rows], page.has_more
+        return [self._fresh(r) for r in found], has_more
 
     # -- create / delete --------------------------------------------------------------------
 
@@ -244,23 +236,11 @@ class ContainerService:
             elif spec != pooled:
                 # env applies per command and a disk limit at once: store them
                 await self.runtime.update_spec(spec)
-            with self.db.begin() as conn:
-                conn.execute(
-                    insert(containers).values(
-                        id=cid,
-                        project=record.project,
-                        name=record.name,
-                        status="running",
-                        created_at=now,
-                        last_active_at=now,
-                        expires_after_minutes=minutes,
-                        memory_limit=record.memory_limit,
-                        network_policy=record.network_policy,
-                        secrets=record.secrets or None,
-                        skills=record.skills or None,
-                        deleted=False,
-                    )
-                )
+            # Counted and inserted in one transaction: another server creating for the same
+            # project at once cannot pass the caps either.
+            refused = self.store.insert_within(record, self._quota())
+            if refused is not None:
+                raise self._over_quota(principal, refused, req.memory_limit)
             in_database()  # the row counts against the caps from here on
             if req.file_ids and self.copy_files is not None:
                 await self.copy_files(principal, cid, req.file_ids)
@@ -308,39 +288,46 @@ class ContainerService:
         for hook in self.release_hooks:
             with contextlib.suppress(Exception):
                 await hook(record)
-        with self.db.begin() as conn:
-            conn.execute(containers.delete().where(containers.c.id == cid))
+        self.store.remove(cid)
+
+    def _quota(self) -> Quota:
+        limits = self.settings.limits
+        return Quota(
+            max_containers=limits.max_containers_per_project,
+            max_memory_bytes=limits.max_memory_gb_per_project << 30,
+            memory_bytes=dict(MEMORY_LIMIT_BYTES),
+        )
 
     def _check_quota(self, principal: Principal, memory_limit: str) -> None:
-        limits = self.settings.limits
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(containers.c.memory_limit, func.count())
-                .where(
-                    containers.c.project == principal.project,
-                    containers.c.status.in_(LIVE),
-                    containers.c.deleted.is_(False),
-                )
-                .group_by(containers.c.memory_limit)
-            ).all()
-        counts: dict[str, int] = {m: n for m, n in rows}
+        """Refuse early, before anything is allocated: the rows plus the creations under way
+        in this process (the insert checks the rows again, atomically)."""
+        counts = dict(self.store.usage(principal.project).counts)
         for m in self._creating.get(principal.project, []):
             counts[m] = counts.get(m, 0) + 1
-        count = sum(counts.values())
+        usage = Usage(counts)
+        quota = self._quota()
+        want = quota.memory_bytes[memory_limit]
+        if (
+            usage.containers >= quota.max_containers
+            or usage.memory_bytes(quota.memory_bytes) + want > quota.max_memory_bytes
+        ):
+            raise self._over_quota(principal, usage, memory_limit)
+
+    def _over_quota(self, principal: Principal, usage: Usage, memory_limit: str) -> QuotaExceeded:
+        limits = self.settings.limits
+        count = usage.containers
         if count >= limits.max_containers_per_project:
             msg = (
                 f"project {principal.project!r} already has {count} live containers, the most "
                 "it may have; delete some or wait for them to expire"
             )
-            raise QuotaExceeded(msg)
-        used = sum(MEMORY_LIMIT_BYTES[m] * n for m, n in counts.items()) // (1 << 30)
-        want = MEMORY_LIMIT_BYTES[memory_limit] // (1 << 30)
-        if used + want > limits.max_memory_gb_per_project:
-            msg = (
-                f"project {principal.project!r} uses {used} GiB of container memory; another "
-                f"{memory_limit} would pass its cap of {limits.max_memory_gb_per_project} GiB"
-            )
-            raise QuotaExceeded(msg)
+            return QuotaExceeded(msg)
+        used = usage.memory_bytes(dict(MEMORY_LIMIT_BYTES)) // (1 << 30)
+        msg = (
+            f"project {principal.project!r} uses {used} GiB of container memory; another "
+            f"{memory_limit} would pass its cap of {limits.max_memory_gb_per_project} GiB"
+        )
+        return QuotaExceeded(msg)
 
     async def delete(self, principal: Principal, cid: str) -> None:
         record = self.get(principal, cid)
@@ -364,11 +351,7 @@ class ContainerService:
                     await hook(record)
                 except Exception:
                     log.exception("releasing container %s failed", record.id)
-        values: dict[str, Any] = {"status": new_status}
-        if status == "deleted":
-            values["deleted"] = True
-        with self.db.begin() as conn:
-            conn.execute(update(containers).where(containers.c.id == record.id).values(**values))
+        self.store.set_status(record.id, new_status, deleted=status == "deleted")
         record.status = new_status
         self._forget_live(record.id, new_status)  # claimed from the database meanwhile
         self._dirty.discard(record.id)
@@ -424,11 +407,15 @@ class ContainerService:
         return ContainerNotRunning(msg, param="container_id")
 
     def _claim(self, principal: Principal, cid: str) -> ContainerRecord:
-        """The live container, its activity renewed: from memory on the hot path, from the
-        database (with its 404 or 409) the first time."""
+        """The live container, its activity renewed. Its row is read every time (with its 404
+        or 409): another server on the same database may have ended it; the record this
+        process shares takes its status from there."""
+        fresh = self.get_live(principal, cid)
         record = self._live.get(cid)
         if record is None or record.project != principal.project:
-            record = self._live.setdefault(cid, self.get_live(principal, cid))
+            record = self._live.setdefault(cid, fresh)
+        else:
+            record.status = fresh.status
         self._note_activity(record)
         return record
 
@@ -444,12 +431,7 @@ class ContainerService:
         if live is not None:
             self._note_activity(live)
             return
-        with self.db.begin() as conn:
-            conn.execute(
-                update(containers)
-                .where(containers.c.id == cid)
-                .values(last_active_at=int(time.time()))
-            )
+        self.store.touch([(cid, int(time.time()))])
 
     def flush_activity(self) -> None:
         """Write the activity noted in memory to the database."""
@@ -457,13 +439,7 @@ class ContainerService:
         self._dirty.clear()
         if not dirty:
             return
-        with self.db.begin() as conn:
-            conn.execute(
-                update(containers)
-                .where(containers.c.id == bindparam("b_id"))
-                .values(last_active_at=bindparam("b_at")),
-                [{"b_id": r.id, "b_at": r.last_active_at} for r in dirty],
-            )
+        self.store.touch([(r.id, r.last_active_at) for r in dirty])
 
     async def wake(self, record: ContainerRecord) -> None:
         async with self._lock(record.id):
@@ -475,8 +451,7 @@ class ContainerService:
             record.status = "running"
 
     def _set_status(self, cid: str, status: ContainerStatus) -> None:
-        with self.db.begin() as conn:
-            conn.execute(update(containers).where(containers.c.id == cid).values(status=status))
+        self.store.set_status(cid, status)
         live = self._live.get(cid)
         if live is not None:
             live.status = status
@@ -487,14 +462,8 @@ class ContainerService:
         self.flush_activity()
         now = int(time.time())
         lc = self.settings.lifecycle
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(containers).where(
-                    containers.c.status.in_(LIVE), containers.c.deleted.is_(False)
-                )
-            ).all()
-        for row in rows:
-            record = self._fresh(ContainerRecord.from_row(row._mapping))
+        for row in self.store.live():
+            record = self._fresh(row)
             seen = record.last_active_at
             idle = now - seen
             expire = idle >= record.expires_after_minutes * lc.minute_s
@@ -546,9 +515,7 @@ class ContainerService:
     async def recover(self) -> None:
         """After a (possibly unclean) restart: adopt or restart every running container, stop
         sleeping ones, and destroy what the runtime holds that the database does not know."""
-        with self.db.connect() as conn:
-            rows = conn.execute(select(containers)).all()
-        known = {r.id: ContainerRecord.from_row(r._mapping) for r in rows}
+        known = {r.id: r for r in self.store.all()}
         for info in await self.runtime.list():
             record = known.get(info.id)
             if record is None or record.status not in LIVE:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import anyio
-from sqlalchemy import ColumnElement, delete, insert, or_, select, update
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
 from shellbox.ids import new_id
@@ -26,9 +25,7 @@ from shellbox.service import fs
 from shellbox.service.containers import ContainerService
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
 from shellbox.settings import Settings
-from shellbox.store import Database
-from shellbox.store.tables import container_files, files
-from shellbox.store.tables import containers as containers_table
+from shellbox.store import ContainerFileStore, FileStore
 
 log = logging.getLogger("shellbox.files")
 # A scan costs about 3 us per directory entry here (2 000 entries: 6 ms). Up to this many it
@@ -45,9 +42,16 @@ def _check_size(size: int, cap: int) -> None:
 
 
 class FileService:
-    def __init__(self, settings: Settings, db: Database, containers: ContainerService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        files: FileStore,
+        container_files: ContainerFileStore,
+        containers: ContainerService,
+    ) -> None:
         self.settings = settings
-        self.db = db
+        self.store = files
+        self.index_store = container_files
         self.containers = containers
         self.blob_dir = settings.state_dir / "files"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
@@ -77,8 +81,7 @@ class FileService:
         the temporaries of uploads this process starts meanwhile)."""
         for tmp in self.blob_dir.glob(".upload-*"):
             tmp.unlink(missing_ok=True)
-        with self.db.connect() as conn:
-            ids = list(conn.scalars(select(containers_table.c.id)))
+        ids = self.containers.store.ids()
         if ids:
             self._sweeper = asyncio.create_task(self._sweep(ids), name="shellbox-upload-sweep")
 
@@ -142,34 +145,18 @@ class FileService:
             now + expires_after_seconds if expires_after_seconds else None,
         )
         os.replace(src, self._blob(record.id))
-        with self.db.begin() as conn:
-            conn.execute(
-                insert(files).values(
-                    id=record.id,
-                    project=record.project,
-                    filename=record.filename,
-                    purpose=purpose,
-                    bytes=size,
-                    created_at=now,
-                    expires_at=record.expires_at,
-                )
-            )
+        self.store.insert(record)
         return record
 
     def temp_path(self) -> Path:
         return self.blob_dir / f".upload-{new_id('')}"
 
     def get_file(self, principal: Principal, file_id: str) -> FileRecord:
-        with self.db.connect() as conn:
-            row = conn.execute(
-                select(files).where(
-                    files.c.id == file_id, files.c.project == principal.project, _unexpired()
-                )
-            ).first()
-        if row is None:
+        record = self.store.get(principal.project, file_id, now=int(time.time()))
+        if record is None:
             msg = f"No file found with id '{file_id}'."
             raise FileNotFound(msg, param="file_id")
-        return FileRecord.from_row(row._mapping)
+        return record
 
     def list_files(
         self,
@@ -180,13 +167,14 @@ class FileService:
         order: str,
         purpose: str | None = None,
     ) -> tuple[list[FileRecord], bool]:
-        where = [files.c.project == principal.project, _unexpired()]
-        if purpose:
-            where.append(files.c.purpose == purpose)
-        page = self.db.page(
-            files, where, after=after, limit=limit, order="asc" if order == "asc" else "desc"
+        return self.store.page(
+            principal.project,
+            purpose=purpose,
+            now=int(time.time()),
+            after=after,
+            limit=limit,
+            order="asc" if order == "asc" else "desc",
         )
-        return [FileRecord.from_row(r) for r in page.rows], page.has_more
 
     def file_content(self, principal: Principal, file_id: str) -> Iterator[bytes]:
         self.get_file(principal, file_id)
@@ -203,8 +191,7 @@ class FileService:
 
     def delete_file(self, principal: Principal, file_id: str) -> None:
         self.get_file(principal, file_id)
-        with self.db.begin() as conn:
-            conn.execute(delete(files).where(files.c.id == file_id))
+        self.store.delete(file_id)
         self._blob(file_id).unlink(missing_ok=True)
 
     async def purge_expired(self) -> None:
@@ -214,16 +201,7 @@ class FileService:
         if now < self._next_purge:
             return
         self._next_purge = now + self.settings.lifecycle.files_purge_interval_s
-        with self.db.begin() as conn:
-            ids = list(
-                conn.scalars(
-                    select(files.c.id).where(
-                        files.c.expires_at.is_not(None), files.c.expires_at <= int(now)
-                    )
-                )
-            )
-            if ids:
-                conn.execute(delete(files).where(files.c.id.in_(ids)))
+        ids = self.store.purge_expired(int(now))
 
         def unlink() -> None:
             for fid in ids:
@@ -289,15 +267,13 @@ class FileService:
         """The index of one container's files by path, read from the database once and then
         kept in step with it here: every call syncs the index, and comparing a directory scan
         with memory costs microseconds where re-reading the rows cost a query per call. All
-        writes to ``container_files`` go through this service (a container lives on one host,
-        so on one server)."""
+        writes to ``container_files`` from this process go through this service. Another
+        server on the same database may index the same container: every write is an upsert
+        on (container, path) that keeps the stored id, so a stale entry here costs a rewrite
+        of the row, never a second id for one path (and lists and lookups read the rows)."""
         known = self._known.get(cid)
         if known is None:
-            with self.db.connect() as conn:
-                rows = conn.execute(
-                    select(container_files).where(container_files.c.container_id == cid)
-                ).all()
-            known = {r.path: ContainerFileRecord.from_row(r._mapping) for r in rows}
+            known = {r.path: r for r in self.index_store.for_container(cid)}
             self._known[cid] = known
         return known
 
@@ -312,39 +288,10 @@ class FileService:
         force_source: bool = False,
     ) -> ContainerFileRecord:
         known = self._known_files(cid)
-        old = known.get(rel)
-        if old is None:
-            record = ContainerFileRecord(
-                new_id("cfile_"), cid, rel, size, int(time.time()), source, mtime_ns
-            )
-            with self.db.begin() as conn:
-                conn.execute(
-                    insert(container_files).values(
-                        id=record.id,
-                        container_id=cid,
-                        path=rel,
-                        bytes=size,
-                        mtime_ns=mtime_ns,
-                        created_at=record.created_at,
-                        source=source,
-                    )
-                )
-        else:
-            record = ContainerFileRecord(
-                old.id,
-                cid,
-                rel,
-                size,
-                old.created_at,
-                source if force_source else old.source,
-                mtime_ns,
-            )
-            with self.db.begin() as conn:
-                conn.execute(
-                    update(container_files)
-                    .where(container_files.c.id == old.id)
-                    .values(bytes=size, mtime_ns=mtime_ns, source=record.source)
-                )
+        fresh = ContainerFileRecord(
+            new_id("cfile_"), cid, rel, size, int(time.time()), source, mtime_ns
+        )
+        record = self.index_store.upsert(fresh, force_source=force_source)
         known[rel] = record
         self._change_seq += 1
         self._changed_at.setdefault(cid, {})[rel] = self._change_seq
@@ -373,12 +320,7 @@ class FileService:
         known = self._known_files(cid)
         gone = [p for p in known if p not in entries]
         if gone:
-            with self.db.begin() as conn:
-                conn.execute(
-                    delete(container_files).where(
-                        container_files.c.id.in_([known[p].id for p in gone])
-                    )
-                )
+            self.index_store.delete([known[p].id for p in gone])
             stamps = self._changed_at.get(cid, {})
             for p in gone:
                 del known[p]
@@ -412,37 +354,26 @@ class FileService:
         self._changed_at.pop(record.id, None)
         self._scan_cost.pop(record.id, None)
         self._scan_locks.pop(record.id, None)
-        with self.db.begin() as conn:
-            conn.execute(delete(container_files).where(container_files.c.container_id == record.id))
+        self.index_store.delete_container(record.id)
 
     async def list_container_files(
         self, principal: Principal, cid: str, *, after: str | None, limit: int, order: str
     ) -> tuple[list[ContainerFileRecord], bool]:
         self.containers.get(principal, cid)
         await self.sync(cid)
-        page = self.db.page(
-            container_files,
-            [container_files.c.container_id == cid],
-            after=after,
-            limit=limit,
-            order="asc" if order == "asc" else "desc",
+        return self.index_store.page(
+            cid, after=after, limit=limit, order="asc" if order == "asc" else "desc"
         )
-        return [ContainerFileRecord.from_row(r) for r in page.rows], page.has_more
 
     def get_container_file(
         self, principal: Principal, cid: str, file_id: str
     ) -> ContainerFileRecord:
         self.containers.get(principal, cid)
-        with self.db.connect() as conn:
-            row = conn.execute(
-                select(container_files).where(
-                    container_files.c.id == file_id, container_files.c.container_id == cid
-                )
-            ).first()
-        if row is None:
+        record = self.index_store.get(cid, file_id)
+        if record is None:
             msg = f"No file found with id '{file_id}' in container {cid}."
             raise FileNotFound(msg, param="file_id")
-        return ContainerFileRecord.from_row(row._mapping)
+        return record
 
     def open_container_file(self, principal: Principal, cid: str, file_id: str) -> Iterator[bytes]:
         record = self.get_container_file(principal, cid, file_id)
@@ -454,18 +385,12 @@ class FileService:
         record = self.get_container_file(principal, cid, file_id)
         with contextlib.suppress(FileNotFound):
             fs.delete(self.containers.data_dir(cid), record.path)
-        with self.db.begin() as conn:
-            conn.execute(delete(container_files).where(container_files.c.id == file_id))
+        self.index_store.delete([file_id])
         known = self._known.get(cid)
         if known is not None:
             known.pop(record.path, None)
         self._changed_at.get(cid, {}).pop(record.path, None)
         self.containers.touch(cid)
-
-
-def _unexpired() -> ColumnElement[bool]:
-    """Files past their ``expires_after`` are gone for the API (their rows stay until deleted)."""
-    return or_(files.c.expires_at.is_(None), files.c.expires_at > int(time.time()))
 
 
 def _read_blob(f: BinaryIO) -> Iterator[bytes]:

@@ -6,8 +6,10 @@ run token) and holds the result once it succeeded (``done``). A retry finds:
 
 - ``done``, same request: the stored result (``replay``);
 - ``done`` or ``in_progress``, another request (route or fingerprint): ``IdempotencyKeyReused``;
-- ``in_progress`` by this process: ``IdempotencyKeyInUse`` (a retryable 409);
-- ``in_progress`` by a process that died (a crash cut the first request off): the route says
+- ``in_progress`` by this process, or by another server that is alive (it reported within
+  ``lease_s``, see ``server_runs``): ``IdempotencyKeyInUse`` (a retryable 409);
+- ``in_progress`` by a process that died (a crash cut the first request off; a server
+  restarted on its state directory declares its previous run dead at once): the route says
   whether the work may run again (``rerun``; it then takes the key over and learns which
   resource the first attempt had started, if any) or not (``IdempotencyKeyInterrupted``).
 
@@ -18,26 +20,13 @@ after their first use.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Integer,
-    LargeBinary,
-    String,
-    Table,
-    Text,
-    delete,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
+from pathlib import Path
 
 from shellbox.errors import (
     IdempotencyKeyInterrupted,
@@ -47,28 +36,13 @@ from shellbox.errors import (
 )
 from shellbox.service.containers import CreateContainer, Provisioned
 from shellbox.service.models import Principal
-from shellbox.store import Database
-from shellbox.store.tables import metadata
+from shellbox.store import IdempotencyStore
+from shellbox.store.tables import MAX_IDEMPOTENCY_KEY_LENGTH
 
 HEADER = "Idempotency-Key"
-MAX_KEY_LENGTH = 255
+MAX_KEY_LENGTH = MAX_IDEMPOTENCY_KEY_LENGTH
 PURGE_INTERVAL_S = 60.0
-
-idempotency_keys = Table(
-    "idempotency_keys",
-    metadata,
-    Column("project", String(128), primary_key=True),
-    Column("key", String(MAX_KEY_LENGTH), primary_key=True),
-    Column("route", Text, nullable=False),  # ids in the path have no length cap
-    Column("fingerprint", String(64), nullable=False),
-    Column("state", String(16), nullable=False),  # in_progress | done
-    Column("run", String(32), nullable=False),  # the process that claimed it
-    Column("resource_id", String(64), nullable=True),  # what the first attempt started
-    Column("status", Integer, nullable=True),
-    Column("content_type", String(128), nullable=True),
-    Column("body", LargeBinary, nullable=True),
-    Column("created_at", BigInteger, nullable=False),
-)
+MIN_LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -112,38 +86,58 @@ def check_key(key: str) -> str:
 
 
 class IdempotencyService:
-    def __init__(self, db: Database, ttl_s: float) -> None:
-        self.db = db
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        ttl_s: float,
+        *,
+        run_file: Path | None = None,
+        heartbeat_s: float = 5.0,
+    ) -> None:
+        self.store = store
         self.ttl_s = ttl_s
         self.run = secrets.token_hex(8)
+        # This server's run token is kept here, so that the next start on the same state
+        # directory knows the run it replaces is dead (no need to wait out the lease).
+        self.run_file = run_file
+        # Another server's claim is live while it reports within this (it reports every
+        # reaper round).
+        self.lease_s = max(MIN_LEASE_S, 6 * heartbeat_s)
         self._next_purge = 0.0
+
+    async def start(self) -> None:
+        """Declare the run this state directory had before dead, and report this one."""
+        if self.run_file is not None:
+            self.run_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                previous = self.run_file.read_text().strip()
+                if previous:
+                    self.store.forget_run(previous)
+            fd = os.open(self.run_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.run)
+        self.store.heartbeat(self.run, int(time.time()))
+
+    async def close(self) -> None:
+        """A clean stop: this run's claims are dead from now on."""
+        self.store.forget_run(self.run)
+
+    def _alive(self, run: str, now: int) -> bool:
+        seen = self.store.run_seen(run)
+        return seen is not None and seen >= now - self.lease_s
 
     def begin(
         self, principal: Principal, key: str, route: str, fingerprint: str, *, rerun: bool
     ) -> Begun:
         now = int(time.time())
-        values: dict[str, Any] = {
-            "project": principal.project,
-            "key": key,
-            "route": route,
-            "fingerprint": fingerprint,
-            "state": "in_progress",
-            "run": self.run,
-            "created_at": now,
-        }
-        claim = Claim(principal.project, key)
-        where = (idempotency_keys.c.project == principal.project, idempotency_keys.c.key == key)
+        project = principal.project
+        claim = Claim(project, key)
         for _ in range(3):  # lost races with a concurrent insert or purge: look again
-            with self.db.begin() as conn:
-                row = conn.execute(select(idempotency_keys).where(*where)).first()
-                if row is not None and row.created_at < now - self.ttl_s:
-                    conn.execute(delete(idempotency_keys).where(*where))
-                    row = None
+            row = self.store.get(project, key, expired_before=int(now - self.ttl_s))
             if row is None:
-                try:
-                    with self.db.begin() as conn:
-                        conn.execute(insert(idempotency_keys).values(**values))
-                except IntegrityError:
+                if not self.store.claim(
+                    project, key, route=route, fingerprint=fingerprint, run=self.run, at=now
+                ):
                     continue
                 return Begun(claim=claim)
             if row.route != route or row.fingerprint != fingerprint:
@@ -153,8 +147,9 @@ class IdempotencyService:
                 )
                 raise IdempotencyKeyReused(msg, param=HEADER)
             if row.state == "done":
-                return Begun(replay=Stored(row.status, row.content_type, row.body))
-            if row.run == self.run:
+                assert row.status is not None and row.content_type is not None
+                return Begun(replay=Stored(row.status, row.content_type, row.body or b""))
+            if row.run == self.run or self._alive(row.run, now):
                 msg = (
                     f"the first request with this {HEADER} is still running; retry in a "
                     "moment to get its result"
@@ -166,51 +161,27 @@ class IdempotencyService:
                     "may have run in part; check its effects, then send a new key to run it again"
                 )
                 raise IdempotencyKeyInterrupted(msg, param=HEADER)
-            with self.db.begin() as conn:
-                taken = conn.execute(
-                    update(idempotency_keys)
-                    .where(*where, idempotency_keys.c.run == row.run)
-                    .values(run=self.run, resource_id=None)
-                ).rowcount
-            if taken:
+            if self.store.take_over(project, key, old_run=row.run, run=self.run):
                 return Begun(claim=claim, interrupted_resource=row.resource_id)
         msg = f"the {HEADER} is being claimed by concurrent requests; retry in a moment"
         raise IdempotencyKeyInUse(msg, param=HEADER)
 
-    def _where(self, claim: Claim) -> tuple[Any, ...]:
-        return (
-            idempotency_keys.c.project == claim.project,
-            idempotency_keys.c.key == claim.key,
-            idempotency_keys.c.run == self.run,
-        )
-
     def finish(self, claim: Claim, result: Stored) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                update(idempotency_keys)
-                .where(*self._where(claim))
-                .values(
-                    state="done",
-                    status=result.status,
-                    content_type=result.content_type,
-                    body=result.body,
-                )
-            )
+        self.store.finish(
+            claim.project,
+            claim.key,
+            self.run,
+            status=result.status,
+            content_type=result.content_type,
+            body=result.body,
+        )
 
     def release(self, claim: Claim) -> None:
         """Give the key up unless it holds a result (so it is safe after ``finish`` too)."""
-        with self.db.begin() as conn:
-            conn.execute(
-                delete(idempotency_keys).where(
-                    *self._where(claim), idempotency_keys.c.state == "in_progress"
-                )
-            )
+        self.store.release(claim.project, claim.key, self.run)
 
     def attach(self, claim: Claim, resource_id: str) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                update(idempotency_keys).where(*self._where(claim)).values(resource_id=resource_id)
-            )
+        self.store.attach(claim.project, claim.key, self.run, resource_id)
 
     async def attach_container(
         self, _principal: Principal, _req: CreateContainer, cid: str, _prov: Provisioned
@@ -222,12 +193,11 @@ class IdempotencyService:
             self.attach(claim, cid)
 
     async def purge_expired(self) -> None:
-        """A reaper hook: forget keys older than the TTL (at most once a minute)."""
+        """A reaper hook: report this run alive; forget keys older than the TTL (at most once
+        a minute)."""
         now = time.time()
+        self.store.heartbeat(self.run, int(now))
         if now < self._next_purge:
             return
         self._next_purge = now + PURGE_INTERVAL_S
-        with self.db.begin() as conn:
-            conn.execute(
-                delete(idempotency_keys).where(idempotency_keys.c.created_at < now - self.ttl_s)
-            )
+        self.store.purge(int(now - self.ttl_s))

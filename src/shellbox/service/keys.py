@@ -6,40 +6,18 @@ import hashlib
 import ipaddress
 import secrets
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy import bindparam, func, insert, select, update
 
 from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound
 from shellbox.ids import new_id
 from shellbox.service.models import Principal
-from shellbox.store import Database
-from shellbox.store.tables import api_keys
+from shellbox.store import KeyStore
+from shellbox.store.records import ApiKey
+
+__all__ = ["KEY_PREFIX", "OPEN_PROJECT", "ApiKey", "KeyService", "is_loopback"]
 
 KEY_PREFIX = "sk-shellbox-"
 OPEN_PROJECT = "default"  # every caller's project in open mode (see KeyService)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    id: str
-    project: str
-    prefix: str
-    created_at: int
-    revoked_at: int | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> ApiKey:
-        return cls(row["id"], row["project"], row["prefix"], row["created_at"], row["revoked_at"])
-
-
-# Built once: on every request's path, and building the expression costs as much as running it.
-_BY_HASH = select(api_keys.c.id, api_keys.c.project, api_keys.c.revoked_at).where(
-    api_keys.c.key_hash == bindparam("key_hash")
-)
 
 
 def _hash(token: str) -> str:
@@ -60,8 +38,8 @@ class KeyService:
     the server runs closes open mode at the next request.
     """
 
-    def __init__(self, db: Database, *, open_allowed: bool = False) -> None:
-        self.db = db
+    def __init__(self, store: KeyStore, *, open_allowed: bool = False) -> None:
+        self.store = store
         self.open_allowed = open_allowed
         self._ever_keyed = False  # latches: rows are never deleted, so it never goes back
 
@@ -72,49 +50,27 @@ class KeyService:
             raise InvalidRequest(msg, param="project")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(new_id("key_"), project, token[: len(KEY_PREFIX) + 4], int(time.time()), None)
-        with self.db.begin() as conn:
-            conn.execute(
-                insert(api_keys).values(
-                    id=key.id,
-                    project=project,
-                    key_hash=_hash(token),
-                    prefix=key.prefix,
-                    created_at=key.created_at,
-                )
-            )
+        self.store.insert(key, _hash(token))
         self._ever_keyed = True
         return key, token
 
     def list(self) -> list[ApiKey]:
-        with self.db.connect() as conn:
-            rows = conn.execute(select(api_keys).order_by(api_keys.c.seq))
-            return [ApiKey.from_row(r._mapping) for r in rows]
+        return self.store.list()
 
     def revoke(self, key_id: str) -> ApiKey:
-        with self.db.begin() as conn:
-            result = conn.execute(
-                update(api_keys)
-                .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
-                .values(revoked_at=int(time.time()))
-            )
-            if result.rowcount == 0:
-                msg = f"no active key with id {key_id!r}"
-                raise NotFound(msg)
-            row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).one()
-        return ApiKey.from_row(row._mapping)
+        key = self.store.revoke(key_id, int(time.time()))
+        if key is None:
+            msg = f"no active key with id {key_id!r}"
+            raise NotFound(msg)
+        return key
 
     def any_active(self) -> bool:
-        with self.db.connect() as conn:
-            n = conn.execute(
-                select(func.count()).select_from(api_keys).where(api_keys.c.revoked_at.is_(None))
-            ).scalar()
-        return bool(n)
+        return self.store.any_active()
 
     def ever_had_key(self) -> bool:
         """Whether the store holds any key, active or revoked."""
         if not self._ever_keyed:
-            with self.db.connect() as conn:
-                self._ever_keyed = conn.execute(select(api_keys.c.seq).limit(1)).first() is not None
+            self._ever_keyed = self.store.any()
         return self._ever_keyed
 
     def authenticate(self, token: str | None, peer: str | None = None) -> Principal:
@@ -129,8 +85,7 @@ class KeyService:
             raise AuthenticationFailed(msg)
         if self.open_allowed and peer is not None and is_loopback(peer) and not self.ever_had_key():
             return Principal(OPEN_PROJECT)
-        with self.db.connect() as conn:
-            row = conn.execute(_BY_HASH, {"key_hash": _hash(token)}).first()
+        row = self.store.by_hash(_hash(token))
         if row is not None and row.revoked_at is None:
             return Principal(row.project, row.id)
         msg = (

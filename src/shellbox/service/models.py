@@ -1,12 +1,17 @@
-"""Domain records the service hands to the API layer."""
+"""Domain records the service hands to the API layer (the rows are the store's)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
 
-ContainerStatus = Literal["running", "sleeping", "expired", "deleted"]
+from shellbox.store.records import (
+    ContainerFileRecord,
+    ContainerRecord,
+    ContainerStatus,
+    FileRecord,
+)
+
+__all__ = ["ContainerFileRecord", "ContainerRecord", "ContainerStatus", "FileRecord", "Principal"]
 
 
 @dataclass(frozen=True)
@@ -15,84 +20,3 @@ class Principal:
 
     project: str
     key_id: str | None = None
-
-
-@dataclass
-class ContainerRecord:
-    id: str
-    project: str
-    name: str
-    status: ContainerStatus
-    created_at: int
-    last_active_at: int
-    expires_after_minutes: int
-    memory_limit: str
-    network_policy: dict[str, Any]
-    secrets: list[dict[str, str]] = field(default_factory=list)
-    skills: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> ContainerRecord:
-        return cls(
-            id=row["id"],
-            project=row["project"],
-            name=row["name"],
-            status=row["status"],
-            created_at=row["created_at"],
-            last_active_at=row["last_active_at"],
-            expires_after_minutes=row["expires_after_minutes"],
-            memory_limit=row["memory_limit"],
-            network_policy=row["network_policy"] or {"type": "disabled"},
-            secrets=row["secrets"] or [],
-            skills=row["skills"] or [],
-        )
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    id: str
-    project: str
-    filename: str
-    purpose: str
-    bytes: int
-    created_at: int
-    expires_at: int | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> FileRecord:
-        return cls(
-            row["id"],
-            row["project"],
-            row["filename"],
-            row["purpose"],
-            row["bytes"],
-            row["created_at"],
-            row["expires_at"],
-        )
-
-
-@dataclass(frozen=True)
-class ContainerFileRecord:
-    id: str
-    container_id: str
-    path: str  # relative to /mnt/data
-    bytes: int
-    created_at: int
-    source: str
-    mtime_ns: int = 0
-
-    @property
-    def container_path(self) -> str:
-        return f"/mnt/data/{self.path}"
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> ContainerFileRecord:
-        return cls(
-            row["id"],
-            row["container_id"],
-            row["path"],
-            row["bytes"],
-            row["created_at"],
-            row["source"],
-            row["mtime_ns"],
-        )

@@ -17,4 +17,6 @@ __all__ = ["SkillService", "install"]
 
 
 def install(services: Services) -> None:
-    services.extras["skills"] = SkillService(services.settings, services.db, services.containers)
+    services.extras["skills"] = SkillService(
+        services.settings, services.stores.skills, services.containers
+    )

@@ -2,59 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from shellbox.errors import InvalidRequest
+from shellbox.store.records import SkillRecord, SkillVersionRecord
+
+__all__ = ["SkillRecord", "SkillVersionRecord", "VersionRef", "parse_version"]
 
 # A version as a client names it: a number, "latest", or None for the skill's default.
 VersionRef = int | Literal["latest"] | None
 MAX_VERSION = 2**31 - 1  # past what every database's INTEGER holds
-
-
-@dataclass(frozen=True)
-class SkillRecord:
-    id: str
-    project: str
-    name: str
-    description: str
-    created_at: int
-    default_version: int
-    latest_version: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> SkillRecord:
-        return cls(
-            row["id"],
-            row["project"],
-            row["name"],
-            row["description"],
-            row["created_at"],
-            row["default_version"],
-            row["latest_version"],
-        )
-
-
-@dataclass(frozen=True)
-class SkillVersionRecord:
-    id: str
-    skill_id: str
-    version: int
-    name: str
-    description: str
-    created_at: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[Any, Any]) -> SkillVersionRecord:
-        return cls(
-            row["id"],
-            row["skill_id"],
-            row["version"],
-            row["name"],
-            row["description"],
-            row["created_at"],
-        )
 
 
 def parse_version(raw: object, *, param: str) -> VersionRef:

@@ -25,17 +25,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from sqlalchemy import select, tuple_
 
 from shellbox.errors import InvalidRequest, ShellboxError
 from shellbox.sandbox import Mount
-from shellbox.service.containers import LIVE, ContainerService, CreateContainer, Provisioned
+from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
 from shellbox.skills.bundle import MAX_DESCRIPTION, check_name, unpack_zip
 from shellbox.skills.models import SkillVersionRecord, parse_version
 from shellbox.skills.paths import remove
-from shellbox.skills.store import skill_versions
-from shellbox.store.tables import containers
 
 if TYPE_CHECKING:
     from shellbox.skills.service import SkillService
@@ -104,7 +101,8 @@ class SkillMounts:
     def __init__(self, service: SkillService, containers_service: ContainerService) -> None:
         self.service = service
         self.paths = service.paths
-        self.db = service.db
+        self.skills = service.store
+        self.containers = containers_service.store
         self.caps = service.caps
         self.max_per_container = service.settings.skills.max_per_container
         # Versions that containers being created will mount, before their rows say so.
@@ -227,14 +225,7 @@ class SkillMounts:
 
     def _in_use(self, ending: str | None) -> set[VersionKey]:
         used: set[VersionKey] = set()
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(containers.c.id, containers.c.skills).where(
-                    containers.c.status.in_(LIVE),
-                    containers.c.deleted.is_(False),
-                    containers.c.skills.is_not(None),
-                )
-            ).all()
+        rows = self.containers.live_skills()
         for cid, entries in rows:
             if cid != ending:
                 used |= _references(entries or [])
@@ -244,15 +235,7 @@ class SkillMounts:
         return used
 
     def _existing(self, keys: set[VersionKey]) -> set[VersionKey]:
-        if not keys:
-            return set()
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(skill_versions.c.skill_id, skill_versions.c.version).where(
-                    tuple_(skill_versions.c.skill_id, skill_versions.c.version).in_(list(keys))
-                )
-            ).all()
-        return {(r.skill_id, r.version) for r in rows}
+        return self.skills.existing(keys)
 
     async def collect(self, keys: Iterable[VersionKey], *, ending: str | None = None) -> None:
         """Remove the unpacked files of these versions if no row and no container needs them.
@@ -283,14 +266,7 @@ class SkillMounts:
         for skill_dir in list(paths.versions.iterdir()):
             with contextlib.suppress(OSError):
                 skill_dir.rmdir()
-        with self.db.connect() as conn:
-            live = set(
-                conn.execute(
-                    select(containers.c.id).where(
-                        containers.c.status.in_(LIVE), containers.c.deleted.is_(False)
-                    )
-                ).scalars()
-            )
+        live = {r.id for r in self.containers.live()}
         for cdir in list(paths.containers.iterdir()):
             if cdir.name not in live:
                 await anyio.to_thread.run_sync(remove, cdir)

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import URL, Engine, Table, create_engine, event, make_url, select
+from sqlalchemy import URL, Engine, Table, create_engine, event, make_url, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
 from shellbox.errors import InvalidRequest
-from shellbox.store.tables import metadata
 
 Order = Literal["asc", "desc"]
 log = logging.getLogger("shellbox.store")
@@ -68,6 +67,15 @@ class Database:
             rows = conn.execute(select(table).where(*conds).order_by(key).limit(limit + 1))
             found = [r._mapping for r in rows]
         return Page(found[:limit], len(found) > limit)
+
+    def scrub(self) -> None:
+        """Leave no deleted or overwritten bytes behind in the file (SQLite: its WAL and
+        free pages; PostgreSQL's storage is the operator's to manage)."""
+        if self.engine.dialect.name == "sqlite":
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+                conn.execute(text("VACUUM"))
+                conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -126,7 +134,10 @@ def secure_sqlite_files(path: Path) -> None:
             os.chmod(f"{path}{suffix}", 0o600)
 
 
-def create_database(raw_url: str) -> Database:
+def create_database(raw_url: str, *, migrate: bool = True) -> Database:
+    """Open the database and bring its schema up to date (``migrate=False``: as it is)."""
+    from shellbox.store.migrate import upgrade
+
     url = check_url(raw_url)
     if url.drivername in SQLITE_DRIVERS:
         memory = url.database in (None, "", ":memory:")
@@ -148,7 +159,10 @@ def create_database(raw_url: str) -> Database:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     try:
-        metadata.create_all(engine)
+        if migrate:
+            upgrade(engine)
+        else:
+            engine.connect().close()
     except OperationalError as exc:
         engine.dispose()
         msg = f"cannot open the database at {url.render_as_string(hide_password=True)}: {exc.orig}"

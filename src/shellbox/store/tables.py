@@ -1,7 +1,8 @@
 """Table definitions: the single source for SQLite and PostgreSQL.
 
 Every listed object has an integer ``seq`` (creation order, the cursor key) and a string
-``id`` (what the API shows). Feature modules add their own tables to ``metadata``.
+``id`` (what the API shows). Every table of every feature is here, and nowhere else: the
+migrations in ``store/migrations`` create them (a test checks that they agree).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sqlalchemy import (
     Column,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -78,4 +80,118 @@ container_files = Table(
     Column("created_at", BigInteger, nullable=False),
     Column("source", String(16), nullable=False),
     UniqueConstraint("container_id", "path", name="uq_container_files_path"),
+)
+
+# -- skills -----------------------------------------------------------------------------------
+# A skill's ``name`` and ``description`` are its default version's (copied when the default
+# moves). Version numbers come from ``next_version`` and are never reused, so a number always
+# names the same bytes even after its version was deleted.
+
+skills = Table(
+    "skills",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("default_version", Integer, nullable=False),
+    Column("latest_version", Integer, nullable=False),
+    Column("next_version", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+skill_versions = Table(
+    "skill_versions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("skill_id", String(64), nullable=False, index=True),
+    Column("project", String(128), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),  # unpacked
+    Column("created_at", BigInteger, nullable=False),
+    UniqueConstraint("skill_id", "version", name="uq_skill_versions_version"),
+)
+
+# -- egress -----------------------------------------------------------------------------------
+
+# Which network slot (namespace, addresses) each allowlisted container holds.
+egress_slots = Table(
+    "egress_slots",
+    metadata,
+    Column("container_id", String(64), primary_key=True),
+    Column("slot", Integer, nullable=False, unique=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+# One row per egress attempt through the proxy. Never headers, bodies, query strings or
+# secrets: only what is needed to see where a container tried to go.
+egress_events = Table(
+    "egress_events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("container_id", String(64), nullable=False, index=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("method", String(16), nullable=False),
+    Column("scheme", String(8), nullable=False),
+    Column("host", Text, nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("decision", String(8), nullable=False),  # allowed | refused
+    Column("reason", Text, nullable=True),
+    Column("status", Integer, nullable=True),
+    Column("request_bytes", BigInteger, nullable=False),
+    Column("response_bytes", BigInteger, nullable=False),
+)
+
+# -- responses --------------------------------------------------------------------------------
+
+responses = Table(
+    "responses",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("container_id", String(64), nullable=True),
+    Column("body", JSON, nullable=False),  # the Response object, as the API shows it
+    # Input and output items of the whole chain up to this response (instructions and tools
+    # are not carried over, as in the OpenAI API).
+    Column("conversation", JSON, nullable=False),
+)
+
+# -- idempotency ------------------------------------------------------------------------------
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255  # must match service/idempotency.py
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("project", String(128), primary_key=True),
+    Column("key", String(MAX_IDEMPOTENCY_KEY_LENGTH), primary_key=True),
+    Column("route", Text, nullable=False),  # ids in the path have no length cap
+    Column("fingerprint", String(64), nullable=False),
+    Column("state", String(16), nullable=False),  # in_progress | done
+    Column("run", String(32), nullable=False),  # the process that claimed it
+    Column("resource_id", String(64), nullable=True),  # what the first attempt started
+    Column("status", Integer, nullable=True),
+    Column("content_type", String(128), nullable=True),
+    Column("body", LargeBinary, nullable=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+# Server processes that claim idempotency keys, with when each was last seen alive: another
+# server's claim is only taken over once its process has stopped reporting (migration 0002).
+server_runs = Table(
+    "server_runs",
+    metadata,
+    Column("run", String(32), primary_key=True),
+    Column("seen_at", BigInteger, nullable=False),
 )

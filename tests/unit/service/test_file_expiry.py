@@ -12,6 +12,8 @@ from shellbox.service.files import STALE_UPLOAD_S, FileService
 from shellbox.service.models import Principal
 from shellbox.settings import Settings
 from shellbox.store import create_database
+from shellbox.store.containers import SqlContainerStore
+from shellbox.store.files import SqlContainerFileStore, SqlFileStore
 
 
 def upload(files: FileService, tmp_path: Path, name: str, expires: int | None) -> str:
@@ -24,8 +26,8 @@ async def test_the_reaper_deletes_expired_files(runtime: OciRuntime, tmp_path: P
     settings = Settings(state_dir=tmp_path / "state", lifecycle={"files_purge_interval_s": 0})
     settings.state_dir.mkdir()
     db = create_database(settings.database_url())
-    containers = ContainerService(settings, db, runtime)
-    files = FileService(settings, db, containers)
+    containers = ContainerService(settings, SqlContainerStore(db), runtime)
+    files = FileService(settings, SqlFileStore(db), SqlContainerFileStore(db), containers)
     short = upload(files, tmp_path, "short.txt", 2)
     kept = upload(files, tmp_path, "kept.txt", 3600)
     forever = upload(files, tmp_path, "forever.txt", None)

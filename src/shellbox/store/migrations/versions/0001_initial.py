@@ -1,0 +1,206 @@
+"""The schema of shellbox 0.1 (what ``create_all`` made before migrations existed).
+
+A frozen copy, not an import of ``store/tables.py``: later migrations change the tables from
+here. Adopting a database made by that ``create_all``: every table that exists already is
+left as it is (rows included), the missing ones are created, and Alembic records this
+revision.
+
+Revision ID: 0001
+Revises:
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+from alembic import op
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+metadata = MetaData()
+
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False),
+    Column("key_hash", String(128), unique=True, nullable=False),
+    Column("prefix", String(32), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("revoked_at", BigInteger, nullable=True),
+)
+
+containers = Table(
+    "containers",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("last_active_at", BigInteger, nullable=False),
+    Column("expires_after_minutes", Integer, nullable=False),
+    Column("memory_limit", String(8), nullable=False),
+    Column("network_policy", JSON, nullable=False),  # public part only: never secrets
+    Column("secrets", JSON, nullable=True),  # domain_secrets values; never leave the server
+    Column("skills", JSON, nullable=True),  # what is mounted (see service/skills)
+    Column("deleted", Boolean, nullable=False, default=False),
+)
+Index("ix_containers_project_name", containers.c.project, containers.c.name)
+
+files = Table(
+    "files",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("filename", Text, nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=True),
+)
+
+container_files = Table(
+    "container_files",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("container_id", String(64), nullable=False, index=True),
+    Column("path", Text, nullable=False),  # relative to /mnt/data
+    Column("bytes", BigInteger, nullable=False),
+    Column("mtime_ns", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("source", String(16), nullable=False),
+    UniqueConstraint("container_id", "path", name="uq_container_files_path"),
+)
+
+# -- skills -----------------------------------------------------------------------------------
+# A skill's ``name`` and ``description`` are its default version's (copied when the default
+# moves). Version numbers come from ``next_version`` and are never reused, so a number always
+# names the same bytes even after its version was deleted.
+
+skills = Table(
+    "skills",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("default_version", Integer, nullable=False),
+    Column("latest_version", Integer, nullable=False),
+    Column("next_version", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+skill_versions = Table(
+    "skill_versions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("skill_id", String(64), nullable=False, index=True),
+    Column("project", String(128), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),  # unpacked
+    Column("created_at", BigInteger, nullable=False),
+    UniqueConstraint("skill_id", "version", name="uq_skill_versions_version"),
+)
+
+# -- egress -----------------------------------------------------------------------------------
+
+# Which network slot (namespace, addresses) each allowlisted container holds.
+egress_slots = Table(
+    "egress_slots",
+    metadata,
+    Column("container_id", String(64), primary_key=True),
+    Column("slot", Integer, nullable=False, unique=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+# One row per egress attempt through the proxy. Never headers, bodies, query strings or
+# secrets: only what is needed to see where a container tried to go.
+egress_events = Table(
+    "egress_events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("container_id", String(64), nullable=False, index=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("created_at_ms", BigInteger, nullable=False),
+    Column("method", String(16), nullable=False),
+    Column("scheme", String(8), nullable=False),
+    Column("host", Text, nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("decision", String(8), nullable=False),  # allowed | refused
+    Column("reason", Text, nullable=True),
+    Column("status", Integer, nullable=True),
+    Column("request_bytes", BigInteger, nullable=False),
+    Column("response_bytes", BigInteger, nullable=False),
+)
+
+# -- responses --------------------------------------------------------------------------------
+
+responses = Table(
+    "responses",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("container_id", String(64), nullable=True),
+    Column("body", JSON, nullable=False),  # the Response object, as the API shows it
+    # Input and output items of the whole chain up to this response (instructions and tools
+    # are not carried over, as in the OpenAI API).
+    Column("conversation", JSON, nullable=False),
+)
+
+# -- idempotency ------------------------------------------------------------------------------
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("project", String(128), primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("route", Text, nullable=False),  # ids in the path have no length cap
+    Column("fingerprint", String(64), nullable=False),
+    Column("state", String(16), nullable=False),  # in_progress | done
+    Column("run", String(32), nullable=False),  # the process that claimed it
+    Column("resource_id", String(64), nullable=True),  # what the first attempt started
+    Column("status", Integer, nullable=True),
+    Column("content_type", String(128), nullable=True),
+    Column("body", LargeBinary, nullable=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+
+def upgrade() -> None:
+    metadata.create_all(op.get_bind(), checkfirst=True)
+
+
+def downgrade() -> None:
+    metadata.drop_all(op.get_bind())

@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from shellbox.sandbox import OciRuntime, create_runtime
+from shellbox.sandbox import Runtime, create_runtime
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
@@ -26,7 +26,7 @@ from shellbox.store import Database, create_database
 class Services:
     settings: Settings
     db: Database
-    runtime: OciRuntime
+    runtime: Runtime
     keys: KeyService
     containers: ContainerService
     files: FileService
@@ -54,7 +54,7 @@ class Services:
         self.db.dispose()
 
 
-def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Services:
+def create_services(settings: Settings, runtime: Runtime | None = None) -> Services:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())
     runtime = runtime or create_runtime(settings)

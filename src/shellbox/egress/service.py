@@ -45,6 +45,7 @@ from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
 from shellbox.sandbox import ContainerSpec, Mount
+from shellbox.sandbox.run_dirs import run_base_for
 from shellbox.service.containers import CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
 from shellbox.service.warm_pool import WarmPool
@@ -76,9 +77,10 @@ class EgressService:
                 raise InvalidRequest(str(exc), param="egress.allow") from None
         key_path = services.settings.secrets_key_file()
         self.sealer = SecretSealer(load_key(key_path), key_path)
-        self.paths = EgressPaths(
-            services.settings.state_dir / "egress", self.runtime.run_base / "egress"
-        )
+        # This server's volatile directory on this host (the proxy and the namespaces are
+        # host-local, like the sandboxes they serve); its name keys the host-wide slot claims.
+        self.run_dir = run_base_for(services.settings.state_dir)
+        self.paths = EgressPaths(services.settings.state_dir / "egress", self.run_dir / "egress")
         self.python = find_python(self.settings.python)
         missing = [tool for tool in ("ip", "nft", "setpriv") if shutil.which(tool) is None]
         self.unavailable_reason: str | None = None
@@ -144,14 +146,15 @@ class EgressService:
             self._write_policy()
             pool = NetnsPool(
                 subnet=self.settings.subnet,
-                owner=self.runtime.run_base.name,
+                owner=self.run_dir.name,
                 port=self.port,
                 size=self.settings.pool_size,
                 state_dir=str(self.services.settings.state_dir.resolve()),
             )
             try:
                 await self.proxy.start()
-                self._write_container_bundle()  # the CA exists once mitmproxy has started
+                # the CA exists once mitmproxy has started
+                self._write_container_bundle(await self.runtime.image_file(SYSTEM_BUNDLE))
                 await pool.start(keep=self._live_slots().values())
             except BaseException:
                 await self.proxy.stop()
@@ -198,10 +201,10 @@ class EgressService:
                 raise SandboxError(msg) from None
         write_atomic(self.paths.upstream_bundle, b"\n".join(parts), 0o600)
 
-    def _write_container_bundle(self) -> None:
+    def _write_container_bundle(self, system: bytes | None) -> None:
+        """The image's own CA bundle (``system``) plus the proxy's CA, for the containers."""
         ca = self.paths.mitm_ca.read_bytes()
-        system = self.runtime.image_rootfs / SYSTEM_BUNDLE.lstrip("/")
-        parts = [system.read_bytes() if system.exists() else b"", ca]
+        parts = [system or b"", ca]
         if self.settings.intercept == "secrets":
             # tunnelled connections reach the sandbox with the upstream's own certificate
             parts += [Path(c).read_bytes() for c in self.settings.upstream_ca]
@@ -393,7 +396,7 @@ class EgressService:
             self.pool.release_soon(slot)
         else:  # the proxy never started in this run: remove the namespace now
             port = self.port or self._choose_port()
-            owner = self.runtime.run_base.name
+            owner = self.run_dir.name
             cleanup = NetnsPool(subnet=self.settings.subnet, owner=owner, port=port, size=0)
             await cleanup.destroy(slot)
 

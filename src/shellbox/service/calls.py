@@ -16,9 +16,9 @@ from shellbox.errors import InvalidRequest
 from shellbox.ids import new_id
 from shellbox.sandbox import CommandFinished, CommandResult, ExecEvent, OutputDelta
 from shellbox.sandbox.base import ExecRequest
+from shellbox.sandbox.datapath import DATA_MOUNT
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
-from shellbox.service.fs import DATA_MOUNT
 from shellbox.service.models import ContainerFileRecord, Principal
 from shellbox.service.shell import ShellLimits, shell_call_output_item
 

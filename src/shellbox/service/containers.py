@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -27,7 +26,7 @@ from shellbox.errors import (
     SandboxError,
 )
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, Mount, OciRuntime
+from shellbox.sandbox import ContainerSpec, Mount, Runtime
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
 from shellbox.service.warm_pool import WarmPool
@@ -75,7 +74,7 @@ CheckHook = Callable[[Principal, CreateContainer], object]  # raises InvalidRequ
 
 
 class ContainerService:
-    def __init__(self, settings: Settings, db: Database, runtime: OciRuntime) -> None:
+    def __init__(self, settings: Settings, db: Database, runtime: Runtime) -> None:
         self.settings = settings
         self.db = db
         self.runtime = runtime
@@ -243,7 +242,7 @@ class ContainerService:
                 await self.runtime.create(spec)
             elif spec != pooled:
                 # env applies per command and a disk limit at once: store them
-                await self.runtime.update_spec(spec)
+                await self.runtime.update(spec)
             with self.db.begin() as conn:
                 conn.execute(
                     insert(containers).values(
@@ -566,18 +565,11 @@ class ContainerService:
             elif record.status == "sleeping" and await self.runtime.state(record.id) != "absent":
                 await self.runtime.stop(record.id)
 
-    def data_dir(self, cid: str) -> Path:
-        return self.runtime.data_dir(cid)
-
-    def host_uid(self, cid: str, container_uid: int) -> int:
-        """Who ``container_uid`` of this container is on the host (each has its own range)."""
-        return self.runtime.host_uid(cid, container_uid)
-
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
     which the runtime hands to each command rather than to the container at start, and the
-    disk limit, which ``update_spec`` changes on the spot."""
+    disk limit, which ``Runtime.update`` changes on the spot."""
     return dataclasses.replace(pooled, env={}, disk_limit_bytes=0) == dataclasses.replace(
         wanted, env={}, disk_limit_bytes=0
     )

@@ -24,10 +24,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from shellbox.agent import client as agent_client
-from shellbox.errors import AgentUnavailable, SandboxError
+from shellbox.errors import SandboxError
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime
+from shellbox.sandbox import ContainerSpec, Runtime
 
 log = logging.getLogger("shellbox.warm_pool")
 RETRY_AFTER_FAILURE_S = 5.0
@@ -36,7 +35,7 @@ RETRY_AFTER_FAILURE_S = 5.0
 class WarmPool:
     def __init__(
         self,
-        runtime: OciRuntime,
+        runtime: Runtime,
         make_spec: Callable[[str], Awaitable[ContainerSpec]],
         size: int,
         *,
@@ -101,14 +100,14 @@ class WarmPool:
             while self._ready:
                 spec = self._ready.pop(0)
                 try:
-                    await agent_client.ping(self.runtime.socket_path(spec.id))
-                except (AgentUnavailable, OSError, ValueError):
-                    log.warning("pooled container %s does not answer; dropping it", spec.id)
-                    await self._discard(spec.id)
-                    continue
+                    responsive = await self.runtime.responsive(spec.id)
                 except BaseException:  # the request went away: the container is nobody's
                     await asyncio.shield(self._discard(spec.id))
                     raise
+                if not responsive:
+                    log.warning("pooled container %s does not answer; dropping it", spec.id)
+                    await self._discard(spec.id)
+                    continue
                 return spec
             return None
         finally:

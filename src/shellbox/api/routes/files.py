@@ -205,7 +205,7 @@ async def retrieve_container_file(
 async def delete_container_file(
     container_id: str, file_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> Any:
-    services.files.delete_container_file(principal, container_id, file_id)
+    await services.files.delete_container_file(principal, container_id, file_id)
     return JSONResponse(schemas.deleted(file_id, "container.file.deleted"))
 
 
@@ -213,5 +213,5 @@ async def delete_container_file(
 async def container_file_content(
     container_id: str, file_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> Any:
-    chunks = services.files.open_container_file(principal, container_id, file_id)
+    chunks = await services.files.open_container_file(principal, container_id, file_id)
     return StreamingResponse(chunks, media_type="application/octet-stream")

@@ -6,7 +6,7 @@ services through their hooks, so the core never imports them.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +20,8 @@ from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
 from shellbox.store import Database, create_database
+
+log = logging.getLogger("shellbox.services")
 
 
 @dataclass
@@ -49,8 +51,10 @@ class Services:
         await self.containers.stop_reaper()
         await self.files.close()
         for closer in reversed(self.closers):
-            with contextlib.suppress(Exception):
+            try:
                 await closer()
+            except Exception:  # the others must still close
+                log.exception("closing %s failed", getattr(closer, "__qualname__", closer))
         self.db.dispose()
 
 

@@ -172,8 +172,10 @@ class EgressService:
                 await self._tail_task
         if self.proxy is not None:
             await self.proxy.stop()
-        with contextlib.suppress(Exception):
-            self.tail.ingest()
+        try:
+            self.tail.ingest()  # the last lines the proxy wrote
+        except Exception:
+            log.exception("ingesting the egress audit at shutdown failed")
         if self.pool is not None:
             await self.pool.close()
         self._started = False

@@ -599,6 +599,7 @@ class OciRuntime:
                 await self.start(info.id)
                 done[info.id] = "restarted"
             except Exception:  # one broken container must not stop the others
+                log.exception("recovering sandbox %s: starting it again failed", info.id)
                 done[info.id] = "failed"
         await self.sweep_orphans()
         return done
@@ -622,8 +623,10 @@ class OciRuntime:
             cid for cid in disks - known if not self.containers_dir.joinpath(cid).exists()
         }
         for cid in sorted(orphans):
-            with contextlib.suppress(Exception):
+            try:
                 await self._remove_oci(cid)
+            except Exception:  # the rest of the sweep must still run
+                log.exception("sweeping leftovers of %s: removing its OCI state failed", cid)
             shutil.rmtree(self.socket_dir(cid), ignore_errors=True)
         for cid in sorted(orphan_disks):
             await asyncio.to_thread(self.storage.remove, cid)

@@ -302,11 +302,20 @@ class ContainerService:
             network_policy=prov.network_policy,
             skills=prov.skills,
         )
-        with contextlib.suppress(Exception):
+        # Best effort, each step on its own: the creation's own error is what the caller sees.
+        try:
             await self.runtime.destroy(cid)
+        except Exception:
+            log.exception("undoing the creation of %s: destroying its sandbox failed", cid)
         for hook in self.release_hooks:
-            with contextlib.suppress(Exception):
+            try:
                 await hook(record)
+            except Exception:
+                log.exception(
+                    "undoing the creation of %s: release hook %s failed",
+                    cid,
+                    getattr(hook, "__qualname__", hook),
+                )
         with self.db.begin() as conn:
             conn.execute(containers.delete().where(containers.c.id == cid))
 

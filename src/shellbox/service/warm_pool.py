@@ -114,17 +114,22 @@ class WarmPool:
             self.refill()
 
     async def _discard(self, cid: str) -> None:
-        with contextlib.suppress(Exception):
+        try:
             await self.runtime.destroy(cid)
+        except Exception:
+            log.exception("discarding pooled container %s: destroying it failed", cid)
         if self.release is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self.release(cid)
+            except Exception:
+                log.exception("discarding pooled container %s: releasing its spec failed", cid)
 
     async def close(self) -> None:
         self._closed = True
         if self._filler is not None:
             self._filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            # ``_fill`` logs its own failures; cancelled is how it ends here.
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._filler
         ready, self._ready = self._ready, []
         for spec in ready:

@@ -276,12 +276,13 @@ class EgressService:
 
     # -- hooks ------------------------------------------------------------------------------
 
-    def check(self, principal: Principal, req: CreateContainer) -> pol.AllowlistPolicy | None:
-        """The request's allowlist, validated (a 400 naming the bad entry); None without one.
-        Run before a pooled container is taken, so a refused request costs no container."""
+    def check(self, principal: Principal, req: CreateContainer, prov: Provisioned) -> None:
+        """Validate the request's allowlist (a 400 naming the bad entry) into
+        ``prov.allowlist``, once per creation. Run before a pooled container is taken, so a
+        refused request costs no container."""
         raw = req.network_policy or {}
         if raw.get("type") != "allowlist":
-            return None  # disabled: the runtime's private namespace has loopback only
+            return  # disabled: the runtime's private namespace has loopback only
         policy = pol.validate_policy(raw, operator=self.operator)
         if not self.available:
             msg = (
@@ -289,12 +290,12 @@ class EgressService:
                 f"({self.unavailable_reason}); use {{'type': 'disabled'}}"
             )
             raise InvalidRequest(msg, param="network_policy")
-        return policy
+        prov.allowlist = policy
 
     async def provision(
         self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
     ) -> None:
-        policy = self.check(principal, req)
+        policy = prov.allowlist  # validated by ``check``
         if policy is None:
             return
         await self.ensure_started()

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
 
+from shellbox.egress.policy import AllowlistPolicy
 from shellbox.errors import (
     ContainerNotFound,
     ContainerNotRunning,
@@ -52,8 +53,10 @@ class CreateContainer:
 
 @dataclass
 class Provisioned:
-    """What the egress and skills features add to a container's spec."""
+    """What the egress and skills features add to a container's spec (and what their checks
+    found, for their provisioning to use rather than validate again)."""
 
+    allowlist: AllowlistPolicy | None = None  # the request's network policy, validated
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     netns_path: str | None = None
@@ -70,7 +73,9 @@ ProvisionHook = Callable[[Principal, CreateContainer, str, Provisioned], Corouti
 ReleaseHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 StartHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 ReapHook = Callable[[], Coroutine[Any, Any, None]]
-CheckHook = Callable[[Principal, CreateContainer], object]  # raises InvalidRequest
+# Checks get the request and what is provisioned so far (nothing yet but what earlier checks
+# noted): each raises InvalidRequest, or notes what it validated for its provision hook.
+CheckHook = Callable[[Principal, CreateContainer, Provisioned], object]
 
 
 class ContainerService:
@@ -185,8 +190,9 @@ class ContainerService:
         if policy_type not in ("disabled", "allowlist"):
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
             raise InvalidRequest(msg, param="network_policy.type")
+        prov = Provisioned()
         for check in self.check_hooks:
-            check(principal, req)
+            check(principal, req, prov)
         # A pooled container fits a request that asks for nothing beyond its pool's spec (but
         # env); whether the hooks add something is only known once they ran, under its id.
         pool = self.pools.get(policy_type)
@@ -194,7 +200,6 @@ class ContainerService:
         if pool is not None and req.memory_limit == DEFAULT_MEMORY and not req.skills:
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
-        prov = Provisioned()
         try:
             for hook in self.provision_hooks:
                 await hook(principal, req, cid, prov)

@@ -1,24 +1,31 @@
 """Wiring: build every service from the settings, in dependency order, and tear them down.
 
-Optional features (apply_patch, skills, egress, responses) attach themselves here to the core
-services through their hooks, so the core never imports them.
+The one composition root. Features (apply_patch, skills, egress, responses) are built here
+with the collaborators they need and attached to the core services through their hooks; no
+feature imports this module, and the core never imports a feature's service.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from shellbox.egress.service import EgressService
+from shellbox.egress.service import install as install_egress
+from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
 from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
+from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
+from shellbox.skills import SkillService
+from shellbox.skills import install as install_skills
 from shellbox.store import Database, create_database
 
 log = logging.getLogger("shellbox.services")
@@ -26,6 +33,9 @@ log = logging.getLogger("shellbox.services")
 
 @dataclass
 class Services:
+    """Every service, built once per process by ``create_services``: the core, and the
+    features (apply_patch, skills, egress, responses) as typed collaborators."""
+
     settings: Settings
     db: Database
     runtime: Runtime
@@ -34,15 +44,16 @@ class Services:
     files: FileService
     calls: CallService
     limits: ShellLimits
-    extras: dict[str, Any] = field(default_factory=dict)  # feature name -> its service
-    closers: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    idempotency: IdempotencyService
+    patcher: PatchService
+    skills: SkillService
+    egress: EgressService
+    responses: ResponsesService
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
-        for feature in self.extras.values():
-            start = getattr(feature, "start", None)
-            if start is not None:
-                await start()
+        await self.skills.start()
+        await self.egress.start()
         await self.containers.recover()
         self.files.start()
         self.containers.start_reaper()
@@ -50,15 +61,21 @@ class Services:
     async def close(self) -> None:
         await self.containers.stop_reaper()
         await self.files.close()
-        for closer in reversed(self.closers):
+        closers: list[Callable[[], Coroutine[Any, Any, None]]] = [
+            self.responses.close,
+            self.egress.close,
+        ]
+        for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
-            except Exception:  # the others must still close
+            except Exception:
                 log.exception("closing %s failed", getattr(closer, "__qualname__", closer))
         self.db.dispose()
 
 
 def create_services(settings: Settings, runtime: Runtime | None = None) -> Services:
+    """The one composition root: the core services, then each feature with the collaborators
+    it needs, hooked into container creation and the calls endpoint."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())
     runtime = runtime or create_runtime(settings)
@@ -67,50 +84,27 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     containers = ContainerService(settings, db, runtime)
     files = FileService(settings, db, containers)
     calls = CallService(containers, files, limits)
-    services = Services(settings, db, runtime, keys, containers, files, calls, limits)
     idempotency = IdempotencyService(db, settings.lifecycle.idempotency_ttl_s)
     containers.provision_hooks.append(idempotency.attach_container)
     containers.reap_hooks.append(idempotency.purge_expired)
-    services.extras["idempotency"] = idempotency
-    for install in FEATURES:
-        install(services)
-    return services
-
-
-# Optional features: each ``install`` attaches its service to the core through the hooks
-# (provision/release hooks, calls.handlers, extras). Imported when called, since every
-# feature's package imports this module for ``Services``.
-
-
-def _install_apply_patch(services: Services) -> None:
-    from shellbox.service.patching import PatchService
-
-    patcher = PatchService(services.containers, services.files)
-    services.extras["apply_patch"] = patcher
-    services.calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-
-
-def _install_skills(services: Services) -> None:
-    from shellbox.skills import install
-
-    install(services)
-
-
-def _install_egress(services: Services) -> None:
-    from shellbox.egress.service import install
-
-    install(services)
-
-
-def _install_responses(services: Services) -> None:
-    from shellbox.responses import install
-
-    install(services)
-
-
-FEATURES: list[Callable[[Services], None]] = [
-    _install_apply_patch,
-    _install_skills,
-    _install_egress,
-    _install_responses,
-]
+    patcher = PatchService(containers, files)
+    calls.handlers["apply_patch_call"] = patcher.apply_patch_call
+    # Hook order is creation order: skills' mounts, then egress's namespace and proxy policy.
+    skills = install_skills(settings, db, containers)
+    egress = install_egress(settings, db, runtime, containers)
+    responses = ResponsesService(settings.upstream, db, containers, calls, files)
+    return Services(
+        settings,
+        db,
+        runtime,
+        keys,
+        containers,
+        files,
+        calls,
+        limits,
+        idempotency,
+        patcher,
+        skills,
+        egress,
+        responses,
+    )

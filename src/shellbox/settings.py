@@ -16,8 +16,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shellbox.agent.protocol import DEFAULT_MAX_OUTPUT_LENGTH, DEFAULT_TIMEOUT_MS
-
 DEFAULT_STATE_DIR = Path("/var/lib/shellbox")
 PRIVATE_DIR = "private"  # must match store/db.py
 # ``full`` was the profile with Java, PHP, Ruby and Go before ``default`` replaced it.
@@ -65,13 +63,11 @@ class RuntimeSettings(_Section):
 
 
 class LimitSettings(_Section):
-    default_timeout_ms: int = Field(
-        DEFAULT_TIMEOUT_MS, ge=1, description="per-command timeout default"
-    )
+    # The two defaults must match agent/protocol.py's DEFAULT_* (what the agent applies to a
+    # request without them); tests/unit/service/test_shell_limits.py checks that they do.
+    default_timeout_ms: int = Field(120_000, ge=1, description="per-command timeout default")
     max_timeout_ms: int = Field(300_000, ge=1, description="per-command timeout clamp")
-    default_max_output_length: int = Field(
-        DEFAULT_MAX_OUTPUT_LENGTH, ge=0, description="per-stream cap default"
-    )
+    default_max_output_length: int = Field(16_384, ge=0, description="per-stream cap default")
     max_output_length: int = Field(65_536, ge=0, description="per-stream cap clamp")
     max_commands: int = Field(100, ge=1, le=100, description="commands per call")
     upload_max_bytes: int = Field(512 << 20, ge=1, description="largest upload, in bytes")

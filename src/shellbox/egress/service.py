@@ -1,7 +1,8 @@
 """The egress feature: allowlist containers get a namespace, the proxy's CA and variables,
 and placeholders for their secrets; the proxy gets their policy; the audit gets ingested.
 
-Registered by ``install(services)`` (see ``services.FEATURES``) as three container hooks:
+Built by ``install`` (called by the composition root, ``services.py``) and hooked into
+container creation:
 
 - provision: validate ``network_policy`` (400 naming the bad entry; the operator's
   ``egress.allow`` bounds it), take a namespace from the warm pool, tell the proxy the
@@ -26,7 +27,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, insert, select
 
@@ -44,15 +45,14 @@ from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.egress.tables import egress_events, egress_slots
 from shellbox.errors import InvalidRequest, SandboxError
-from shellbox.sandbox import ContainerSpec, Mount
+from shellbox.sandbox import ContainerSpec, Mount, Runtime
 from shellbox.sandbox.run_dirs import run_base_for
-from shellbox.service.containers import CreateContainer, Provisioned
+from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
 from shellbox.service.warm_pool import WarmPool
+from shellbox.settings import Settings
+from shellbox.store import Database
 from shellbox.store.tables import containers, metadata
-
-if TYPE_CHECKING:
-    from shellbox.services import Services
 
 log = logging.getLogger("shellbox.egress")
 
@@ -64,23 +64,26 @@ AUDIT_INTERVAL_S = 0.5
 
 
 class EgressService:
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.settings = services.settings.egress
-        self.db = services.db
-        self.runtime = services.runtime
+    def __init__(
+        self, settings: Settings, db: Database, runtime: Runtime, containers: ContainerService
+    ) -> None:
+        self.state_dir = settings.state_dir
+        self.containers = containers
+        self.settings = settings.egress
+        self.db = db
+        self.runtime = runtime
         self.operator: list[str] | None = None
         if self.settings.allow is not None:
             try:
                 self.operator = pol.validate_operator_allowlist(self.settings.allow)
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param="egress.allow") from None
-        key_path = services.settings.secrets_key_file()
+        key_path = settings.secrets_key_file()
         self.sealer = SecretSealer(load_key(key_path), key_path)
         # This server's volatile directory on this host (the proxy and the namespaces are
         # host-local, like the sandboxes they serve); its name keys the host-wide slot claims.
-        self.run_dir = run_base_for(services.settings.state_dir)
-        self.paths = EgressPaths(services.settings.state_dir / "egress", self.run_dir / "egress")
+        self.run_dir = run_base_for(settings.state_dir)
+        self.paths = EgressPaths(settings.state_dir / "egress", self.run_dir / "egress")
         self.python = find_python(self.settings.python)
         missing = [tool for tool in ("ip", "nft", "setpriv") if shutil.which(tool) is None]
         self.unavailable_reason: str | None = None
@@ -149,7 +152,7 @@ class EgressService:
                 owner=self.run_dir.name,
                 port=self.port,
                 size=self.settings.pool_size,
-                state_dir=str(self.services.settings.state_dir.resolve()),
+                state_dir=str(self.state_dir.resolve()),
             )
             try:
                 await self.proxy.start()
@@ -296,7 +299,7 @@ class EgressService:
         self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
     ) -> None:
         policy = prov.allowlist  # validated by ``check``
-        if policy is None:
+        if not isinstance(policy, pol.AllowlistPolicy):
             return
         await self.ensure_started()
         assert self.pool is not None
@@ -341,7 +344,7 @@ class EgressService:
         slot = await self.pool.acquire()
         self._pooled_slots[cid] = slot
         return dataclasses.replace(
-            self.services.containers.default_spec(cid),
+            self.containers.default_spec(cid),
             env=self._env(slot),
             mounts=tuple(self._mounts()),
             netns_path=slot.netns_path,
@@ -426,16 +429,18 @@ class EgressService:
         return [event_object(r) for r in page.rows], page.has_more
 
 
-def install(services: Services) -> None:
+def install(
+    settings: Settings, db: Database, runtime: Runtime, containers: ContainerService
+) -> EgressService:
+    """The egress feature, hooked into container creation (the caller closes it)."""
     # The database was created before this module was imported: add our tables if missing.
-    metadata.create_all(services.db.engine, tables=[egress_slots, egress_events])
-    egress = EgressService(services)
-    seal_plaintext_rows(services.db, egress.sealer)
-    services.extras["egress"] = egress
-    services.closers.append(egress.close)
-    c = services.containers
+    metadata.create_all(db.engine, tables=[egress_slots, egress_events])
+    egress = EgressService(settings, db, runtime, containers)
+    seal_plaintext_rows(db, egress.sealer)
+    c = containers
     c.check_hooks.append(egress.check)
     c.provision_hooks.append(egress.provision)
     c.before_start_hooks.append(egress.before_start)
     c.release_hooks.append(egress.release)
     c.pools["allowlist"] = egress.warm
+    return egress

@@ -18,7 +18,6 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
 
-from shellbox.egress.policy import AllowlistPolicy
 from shellbox.errors import (
     ContainerNotFound,
     ContainerNotRunning,
@@ -56,7 +55,9 @@ class Provisioned:
     """What the egress and skills features add to a container's spec (and what their checks
     found, for their provisioning to use rather than validate again)."""
 
-    allowlist: AllowlistPolicy | None = None  # the request's network policy, validated
+    # The request's network policy as the egress check validated it (its own type: the
+    # container service only carries it to the egress provision hook).
+    allowlist: object | None = None
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     netns_path: str | None = None

@@ -46,7 +46,14 @@ class SkillService:
         self.paths = SkillPaths(settings.state_dir)
         self.paths.ensure()
         metadata.create_all(db.engine, tables=list(TABLES))  # in case they were not there yet
-        self.mounts = SkillMounts(self, containers)
+        self.mounts = SkillMounts(
+            paths=self.paths,
+            db=db,
+            caps=self.caps,
+            max_per_container=settings.skills.max_per_container,
+            resolve=self.resolve,
+            containers_service=containers,
+        )
 
     async def start(self) -> None:
         """Remove what a previous run left: half-done uploads, versions nobody uses."""

@@ -73,13 +73,13 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         # The cgroup layout the sandboxes run on (v2, hybrid or v1) and the kind of disk quota
         # ("simple", "qgroup", or None: no quota): support questions start here.
-        svc = app.state.services
+        info = app.state.services.runtime.describe()
         return JSONResponse(
             {
                 "status": "ok",
                 "version": __version__,
-                "cgroup": svc.runtime.cgroups.mode.value,
-                "disk_quota": svc.runtime.storage.quota_mode,
+                "cgroup": info.cgroup,
+                "disk_quota": info.disk_quota,
             }
         )
 

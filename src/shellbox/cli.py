@@ -287,8 +287,6 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from shellbox.sandbox import storage_config, uid_ranges
     from shellbox.sandbox.crun import OciRuntime
     from shellbox.sandbox.image import image_for
-    from shellbox.sandbox.oci import SANDBOX_UID
-    from shellbox.service.patching import apply_operations
 
     settings = _settings(args)
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
@@ -306,10 +304,9 @@ def cmd_patch(args: argparse.Namespace) -> int:
     if not (runtime.container_dir(args.container) / "spec.json").exists():
         msg = f"no container {args.container!r} in {settings.state_dir}"
         raise ContainerNotFound(msg)
-    uid = runtime.host_uid(args.container, SANDBOX_UID)
-    completed, output = apply_operations(runtime.data_dir(args.container), uid, ops)
-    print(output, file=sys.stdout if completed else sys.stderr)
-    return 0 if completed else 1
+    result = asyncio.run(runtime.apply_patch(args.container, ops))
+    print(result.output, file=sys.stdout if result.completed else sys.stderr)
+    return 0 if result.completed else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

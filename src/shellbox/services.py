@@ -1,47 +1,61 @@
 """Wiring: build every service from the settings, in dependency order, and tear them down.
 
-Optional features (apply_patch, skills, egress, responses) attach themselves here to the core
-services through their hooks, so the core never imports them.
+The one composition root. Features (apply_patch, skills, egress, responses) are built here
+with the collaborators they need and attached to the core services through their hooks; no
+feature imports this module, and the core never imports a feature's service.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from shellbox.sandbox import OciRuntime, create_runtime
+from shellbox.egress.service import EgressService
+from shellbox.egress.service import install as install_egress
+from shellbox.responses.service import ResponsesService
+from shellbox.sandbox import Runtime, create_runtime
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
 from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
+from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
+from shellbox.skills import SkillService
+from shellbox.skills import install as install_skills
 from shellbox.store import Database, Stores, create_database, create_stores
+
+log = logging.getLogger("shellbox.services")
 
 
 @dataclass
 class Services:
+    """Every service, built once per process by ``create_services``: the core, and the
+    features (apply_patch, skills, egress, responses) as typed collaborators."""
+
     settings: Settings
     db: Database
     stores: Stores
-    runtime: OciRuntime
+    runtime: Runtime
     keys: KeyService
     containers: ContainerService
     files: FileService
     calls: CallService
     limits: ShellLimits
-    extras: dict[str, Any] = field(default_factory=dict)  # feature name -> its service
-    closers: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    idempotency: IdempotencyService
+    patcher: PatchService
+    skills: SkillService
+    egress: EgressService
+    responses: ResponsesService
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
-        for feature in self.extras.values():
-            start = getattr(feature, "start", None)
-            if start is not None:
-                await start()
+        await self.idempotency.start()
+        await self.skills.start()
+        await self.egress.start()
         await self.containers.recover()
         self.files.start()
         self.containers.start_reaper()
@@ -49,13 +63,22 @@ class Services:
     async def close(self) -> None:
         await self.containers.stop_reaper()
         await self.files.close()
-        for closer in reversed(self.closers):
-            with contextlib.suppress(Exception):
+        closers: list[Callable[[], Coroutine[Any, Any, None]]] = [
+            self.responses.close,
+            self.egress.close,
+            self.idempotency.close,
+        ]
+        for closer in closers:  # the others must still close when one fails
+            try:
                 await closer()
+            except Exception:
+                log.exception("closing %s failed", getattr(closer, "__qualname__", closer))
         self.db.dispose()
 
 
-def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Services:
+def create_services(settings: Settings, runtime: Runtime | None = None) -> Services:
+    """The one composition root: the core services, then each feature with the collaborators
+    it needs, hooked into container creation and the calls endpoint."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
@@ -65,7 +88,6 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     containers = ContainerService(settings, stores.containers, runtime)
     files = FileService(settings, stores.files, stores.container_files, containers)
     calls = CallService(containers, files, limits)
-    services = Services(settings, db, stores, runtime, keys, containers, files, calls, limits)
     idempotency = IdempotencyService(
         stores.idempotency,
         settings.lifecycle.idempotency_ttl_s,
@@ -74,47 +96,25 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     )
     containers.provision_hooks.append(idempotency.attach_container)
     containers.reap_hooks.append(idempotency.purge_expired)
-    services.extras["idempotency"] = idempotency
-    services.closers.append(idempotency.close)
-    for install in FEATURES:
-        install(services)
-    return services
-
-
-# Optional features: each ``install`` attaches its service to the core through the hooks
-# (provision/release hooks, calls.handlers, extras). Imported when called, since every
-# feature's package imports this module for ``Services``.
-
-
-def _install_apply_patch(services: Services) -> None:
-    from shellbox.service.patching import PatchService
-
-    patcher = PatchService(services.containers, services.files)
-    services.extras["apply_patch"] = patcher
-    services.calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-
-
-def _install_skills(services: Services) -> None:
-    from shellbox.skills import install
-
-    install(services)
-
-
-def _install_egress(services: Services) -> None:
-    from shellbox.egress.service import install
-
-    install(services)
-
-
-def _install_responses(services: Services) -> None:
-    from shellbox.responses import install
-
-    install(services)
-
-
-FEATURES: list[Callable[[Services], None]] = [
-    _install_apply_patch,
-    _install_skills,
-    _install_egress,
-    _install_responses,
-]
+    patcher = PatchService(containers, files)
+    calls.handlers["apply_patch_call"] = patcher.apply_patch_call
+    # Hook order is creation order: skills' mounts, then egress's namespace and proxy policy.
+    skills = install_skills(settings, stores.skills, containers)
+    egress = install_egress(settings, stores.egress, stores.containers, runtime, containers)
+    responses = ResponsesService(settings.upstream, stores.responses, containers, calls, files)
+    return Services(
+        settings,
+        db,
+        stores,
+        runtime,
+        keys,
+        containers,
+        files,
+        calls,
+        limits,
+        idempotency,
+        patcher,
+        skills,
+        egress,
+        responses,
+    )

@@ -63,6 +63,8 @@ class RuntimeSettings(_Section):
 
 
 class LimitSettings(_Section):
+    # The two defaults must match agent/protocol.py's DEFAULT_* (what the agent applies to a
+    # request without them); tests/unit/service/test_shell_limits.py checks that they do.
     default_timeout_ms: int = Field(120_000, ge=1, description="per-command timeout default")
     max_timeout_ms: int = Field(300_000, ge=1, description="per-command timeout clamp")
     default_max_output_length: int = Field(16_384, ge=0, description="per-stream cap default")

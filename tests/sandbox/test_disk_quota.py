@@ -168,7 +168,7 @@ async def test_a_new_limit_applies_to_a_created_container(rt: OciRuntime) -> Non
     try:
         before = await run1(rt, cid, "fallocate -l 100M /mnt/data/x")
         assert FULL in before.stderr, before
-        await rt.update_spec(ContainerSpec(id=cid, disk_limit_bytes=256 * MiB))
+        await rt.update(ContainerSpec(id=cid, disk_limit_bytes=256 * MiB))
         assert rt.load_spec(cid).disk_limit_bytes == 256 * MiB
         after = await run1(rt, cid, "fallocate -l 100M /mnt/data/x")
         assert after.outcome.exit_code == 0, after

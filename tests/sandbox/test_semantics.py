@@ -74,7 +74,7 @@ async def test_environment_working_directory_and_stdin(oci: OciRuntime, box: str
 
 
 def test_zero_and_101_commands_are_rejected_with_a_clear_message() -> None:
-    limits = ShellLimits()
+    limits = ShellLimits.from_settings()
     with pytest.raises(InvalidRequest, match="commands is empty: give at least one command"):
         limits.exec_request([], None, None)
     with pytest.raises(InvalidRequest, match="101 commands in one call; at most 100"):

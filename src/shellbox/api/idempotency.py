@@ -35,8 +35,7 @@ REPLAYED = {"idempotent-replayed": "true"}
 
 
 def service(services: Services) -> IdempotencyService:
-    idem: IdempotencyService = services.extras["idempotency"]
-    return idem
+    return services.idempotency
 
 
 def request_key(request: Request) -> str | None:

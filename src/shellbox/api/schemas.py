@@ -4,11 +4,11 @@ as plain dicts built from the service's records (mirroring the OpenAI objects)."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from shellbox.sandbox import RuntimeInfo
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord
 
 
@@ -46,11 +46,10 @@ class CreateContainerFileBody(_Body):
     file_id: str
 
 
-def image(rootfs: Path) -> dict[str, str]:
+def image(info: RuntimeInfo) -> dict[str, str]:
     """Which sandbox image a container runs (an extension field: the SDK keeps extra fields).
     The id is ``<profile>-<recipe hash>``; ``shellbox image info`` lists its versions."""
-    name = rootfs.parent.name
-    return {"id": name, "profile": name.rpartition("-")[0]}
+    return {"id": info.image_id, "profile": info.image_profile}
 
 
 # The tool-call items ``POST /v1/containers/{id}/calls`` takes, as a model emits them. The
@@ -101,7 +100,7 @@ class CallItem(RootModel[ShellCallItem | LocalShellCallItem | ApplyPatchCallItem
     """One tool-call item; with ``?stream=true``, a ``shell_call`` only."""
 
 
-def container(record: ContainerRecord, rootfs: Path) -> dict[str, Any]:
+def container(record: ContainerRecord, runtime: RuntimeInfo) -> dict[str, Any]:
     policy: dict[str, Any] = {"type": record.network_policy.get("type", "disabled")}
     if policy["type"] == "allowlist":
         policy["allowed_domains"] = list(record.network_policy.get("allowed_domains", []))
@@ -115,7 +114,7 @@ def container(record: ContainerRecord, rootfs: Path) -> dict[str, Any]:
         "last_active_at": record.last_active_at,
         "memory_limit": record.memory_limit,
         "network_policy": policy,
-        "image": image(rootfs),
+        "image": image(runtime),
     }
 
 

@@ -421,7 +421,7 @@ class NetnsPool:
     async def close(self) -> None:
         """Remove the warm namespaces; the ones containers use stay for the next run."""
         for task in list(self._tasks):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(asyncio.CancelledError):  # ``go`` logs its own failures
                 await task
         while self._warm:
             await self.destroy(self._warm.popleft())

@@ -1,7 +1,8 @@
 """The egress feature: allowlist containers get a namespace, the proxy's CA and variables,
 and placeholders for their secrets; the proxy gets their policy; the audit gets ingested.
 
-Registered by ``install(services)`` (see ``services.FEATURES``) as three container hooks:
+Built by ``install`` (called by the composition root, ``services.py``) and hooked into
+container creation:
 
 - provision: validate ``network_policy`` (400 naming the bad entry; the operator's
   ``egress.allow`` bounds it), take a namespace from the warm pool, tell the proxy the
@@ -26,7 +27,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shellbox.egress import policy as pol
 from shellbox.egress.audit import AuditTail, event_object
@@ -41,13 +42,13 @@ from shellbox.egress.paths import (
 from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.errors import InvalidRequest, SandboxError
-from shellbox.sandbox import ContainerSpec, Mount
-from shellbox.service.containers import CreateContainer, Provisioned
+from shellbox.sandbox import ContainerSpec, Mount, Runtime
+from shellbox.sandbox.run_dirs import run_base_for
+from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
 from shellbox.service.warm_pool import WarmPool
-
-if TYPE_CHECKING:
-    from shellbox.services import Services
+from shellbox.settings import Settings
+from shellbox.store import ContainerStore, EgressStore
 
 log = logging.getLogger("shellbox.egress")
 
@@ -59,23 +60,32 @@ AUDIT_INTERVAL_S = 0.5
 
 
 class EgressService:
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.settings = services.settings.egress
-        self.store = services.stores.egress
-        self.container_rows = services.stores.containers
-        self.runtime = services.runtime
+    def __init__(
+        self,
+        settings: Settings,
+        store: EgressStore,
+        container_rows: ContainerStore,
+        runtime: Runtime,
+        containers: ContainerService,
+    ) -> None:
+        self.state_dir = settings.state_dir
+        self.containers = containers
+        self.settings = settings.egress
+        self.store = store
+        self.container_rows = container_rows
+        self.runtime = runtime
         self.operator: list[str] | None = None
         if self.settings.allow is not None:
             try:
                 self.operator = pol.validate_operator_allowlist(self.settings.allow)
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param="egress.allow") from None
-        key_path = services.settings.secrets_key_file()
+        key_path = settings.secrets_key_file()
         self.sealer = SecretSealer(load_key(key_path), key_path)
-        self.paths = EgressPaths(
-            services.settings.state_dir / "egress", self.runtime.run_base / "egress"
-        )
+        # This server's volatile directory on this host (the proxy and the namespaces are
+        # host-local, like the sandboxes they serve); its name keys the host-wide slot claims.
+        self.run_dir = run_base_for(settings.state_dir)
+        self.paths = EgressPaths(settings.state_dir / "egress", self.run_dir / "egress")
         self.python = find_python(self.settings.python)
         missing = [tool for tool in ("ip", "nft", "setpriv") if shutil.which(tool) is None]
         self.unavailable_reason: str | None = None
@@ -141,14 +151,15 @@ class EgressService:
             self._write_policy()
             pool = NetnsPool(
                 subnet=self.settings.subnet,
-                owner=self.runtime.run_base.name,
+                owner=self.run_dir.name,
                 port=self.port,
                 size=self.settings.pool_size,
-                state_dir=str(self.services.settings.state_dir.resolve()),
+                state_dir=str(self.state_dir.resolve()),
             )
             try:
                 await self.proxy.start()
-                self._write_container_bundle()  # the CA exists once mitmproxy has started
+                # the CA exists once mitmproxy has started
+                self._write_container_bundle(await self.runtime.image_file(SYSTEM_BUNDLE))
                 await pool.start(keep=self._live_slots().values())
             except BaseException:
                 await self.proxy.stop()
@@ -166,8 +177,10 @@ class EgressService:
                 await self._tail_task
         if self.proxy is not None:
             await self.proxy.stop()
-        with contextlib.suppress(Exception):
-            self.tail.ingest()
+        try:
+            self.tail.ingest()  # the last lines the proxy wrote
+        except Exception:
+            log.exception("ingesting the egress audit at shutdown failed")
         if self.pool is not None:
             await self.pool.close()
         self._started = False
@@ -195,10 +208,10 @@ class EgressService:
                 raise SandboxError(msg) from None
         write_atomic(self.paths.upstream_bundle, b"\n".join(parts), 0o600)
 
-    def _write_container_bundle(self) -> None:
+    def _write_container_bundle(self, system: bytes | None) -> None:
+        """The image's own CA bundle (``system``) plus the proxy's CA, for the containers."""
         ca = self.paths.mitm_ca.read_bytes()
-        system = self.runtime.image_rootfs / SYSTEM_BUNDLE.lstrip("/")
-        parts = [system.read_bytes() if system.exists() else b"", ca]
+        parts = [system or b"", ca]
         if self.settings.intercept == "secrets":
             # tunnelled connections reach the sandbox with the upstream's own certificate
             parts += [Path(c).read_bytes() for c in self.settings.upstream_ca]
@@ -259,12 +272,13 @@ class EgressService:
 
     # -- hooks ------------------------------------------------------------------------------
 
-    def check(self, principal: Principal, req: CreateContainer) -> pol.AllowlistPolicy | None:
-        """The request's allowlist, validated (a 400 naming the bad entry); None without one.
-        Run before a pooled container is taken, so a refused request costs no container."""
+    def check(self, principal: Principal, req: CreateContainer, prov: Provisioned) -> None:
+        """Validate the request's allowlist (a 400 naming the bad entry) into
+        ``prov.allowlist``, once per creation. Run before a pooled container is taken, so a
+        refused request costs no container."""
         raw = req.network_policy or {}
         if raw.get("type") != "allowlist":
-            return None  # disabled: the runtime's private namespace has loopback only
+            return  # disabled: the runtime's private namespace has loopback only
         policy = pol.validate_policy(raw, operator=self.operator)
         if not self.available:
             msg = (
@@ -272,13 +286,13 @@ class EgressService:
                 f"({self.unavailable_reason}); use {{'type': 'disabled'}}"
             )
             raise InvalidRequest(msg, param="network_policy")
-        return policy
+        prov.allowlist = policy
 
     async def provision(
         self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
     ) -> None:
-        policy = self.check(principal, req)
-        if policy is None:
+        policy = prov.allowlist  # validated by ``check``
+        if not isinstance(policy, pol.AllowlistPolicy):
             return
         await self.ensure_started()
         assert self.pool is not None
@@ -318,7 +332,7 @@ class EgressService:
         slot = await self.pool.acquire()
         self._pooled_slots[cid] = slot
         return dataclasses.replace(
-            self.services.containers.default_spec(cid),
+            self.containers.default_spec(cid),
             env=self._env(slot),
             mounts=tuple(self._mounts()),
             netns_path=slot.netns_path,
@@ -375,7 +389,7 @@ class EgressService:
             self.pool.release_soon(slot)
         else:  # the proxy never started in this run: remove the namespace now
             port = self.port or self._choose_port()
-            owner = self.runtime.run_base.name
+            owner = self.run_dir.name
             cleanup = NetnsPool(subnet=self.settings.subnet, owner=owner, port=port, size=0)
             await cleanup.destroy(slot)
 
@@ -394,14 +408,20 @@ class EgressService:
         return [event_object(r) for r in rows], has_more
 
 
-def install(services: Services) -> None:
-    egress = EgressService(services)
-    seal_plaintext_rows(services.stores.containers, egress.sealer)
-    services.extras["egress"] = egress
-    services.closers.append(egress.close)
-    c = services.containers
+def install(
+    settings: Settings,
+    store: EgressStore,
+    container_rows: ContainerStore,
+    runtime: Runtime,
+    containers: ContainerService,
+) -> EgressService:
+    """The egress feature, hooked into container creation (the caller closes it)."""
+    egress = EgressService(settings, store, container_rows, runtime, containers)
+    seal_plaintext_rows(container_rows, egress.sealer)
+    c = containers
     c.check_hooks.append(egress.check)
     c.provision_hooks.append(egress.provision)
     c.before_start_hooks.append(egress.before_start)
     c.release_hooks.append(egress.release)
     c.pools["allowlist"] = egress.warm
+    return egress

@@ -460,9 +460,9 @@ class Run:
         action = dict(call["action"])
         left_ms = max(1, (self.caps.max_sandbox_ns - self.sandbox_ns) // 1_000_000)
         timeout = action.get("timeout_ms")
-        wanted = self.calls.limits.timeout_ms(timeout if isinstance(timeout, int) else None)
-        if wanted > left_ms:
-            action["timeout_ms"] = left_ms
+        requested = timeout if isinstance(timeout, int) else None
+        if self.calls.limits.timeout_ms(requested) > left_ms:  # the run's budget is the clamp
+            action["timeout_ms"] = self.calls.limits.timeout_ms(requested, at_most=left_ms)
         item = {"type": "shell_call", "call_id": call["call_id"], "action": action}
         index = len(self.output)
         events = cast(

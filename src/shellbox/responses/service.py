@@ -5,7 +5,7 @@ begins), and keeps the stored responses."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shellbox.errors import InvalidRequest
 from shellbox.ids import new_id
@@ -20,21 +20,29 @@ from shellbox.responses.loop import Caps, LoopRequest, Run
 from shellbox.responses.responses_dialect import ResponsesDialect
 from shellbox.responses.store import StoredResponse, StoredResponses
 from shellbox.responses.upstream import UpstreamClient, check_models, resolve_target
+from shellbox.service.calls import CallService
+from shellbox.service.containers import ContainerService
+from shellbox.service.files import FileService
 from shellbox.service.models import Principal
-
-if TYPE_CHECKING:
-    from shellbox.services import Services
+from shellbox.settings import UpstreamSettings
+from shellbox.store import ResponseStore
 
 
 class ResponsesService:
-    def __init__(self, services: Services) -> None:
-        settings = services.settings.upstream
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        store: ResponseStore,
+        containers: ContainerService,
+        calls: CallService,
+        files: FileService,
+    ) -> None:
         check_models(settings)
         self.settings = settings
-        self.containers = services.containers
-        self.calls = services.calls
-        self.files = services.files
-        self.store = StoredResponses(services.stores.responses)
+        self.containers = containers
+        self.calls = calls
+        self.files = files
+        self.store = StoredResponses(store)
         self.upstream = UpstreamClient({"chat": ChatDialect(), "responses": ResponsesDialect()})
         self.caps = Caps(
             max_iterations=settings.max_iterations,
@@ -45,7 +53,6 @@ class ResponsesService:
     async def close(self) -> None:
         await self.upstream.close()
 
-    # (Not named ``start``: Services.start() calls every feature's ``start()``.)
     async def create_run(self, principal: Principal, req: LoopRequest, *, id_prefix: str) -> Run:
         target = resolve_target(self.settings, req.model)
         previous: StoredResponse | None = None

@@ -6,16 +6,20 @@ import sys
 from typing import TextIO
 
 from shellbox.sandbox.base import (
+    ByteSource,
     CommandFinished,
     CommandResult,
     CommandStarted,
     ContainerSpec,
     ExecEvent,
     ExecRequest,
+    FileInfo,
     Mount,
     Outcome,
     OutputDelta,
+    PatchResult,
     Runtime,
+    RuntimeInfo,
     SandboxInfo,
 )
 from shellbox.sandbox.crun import OciRuntime
@@ -25,17 +29,21 @@ from shellbox.sandbox.storage import StorageConfig
 from shellbox.settings import Settings
 
 __all__ = [
+    "ByteSource",
     "CommandFinished",
     "CommandResult",
     "CommandStarted",
     "ContainerSpec",
     "ExecEvent",
     "ExecRequest",
+    "FileInfo",
     "Mount",
     "OciRuntime",
     "Outcome",
     "OutputDelta",
+    "PatchResult",
     "Runtime",
+    "RuntimeInfo",
     "SandboxInfo",
     "create_runtime",
     "storage_config",

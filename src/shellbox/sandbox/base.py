@@ -3,14 +3,24 @@
 A runtime is the "deployment" half (where a container lives: crun on this host today,
 Kubernetes later); the in-container agent is the "runtime" half of SWE-ReX's split and is
 reached through ``Runtime.exec``.
+
+``Runtime`` is the whole way from the service layer to a sandbox: its lifecycle, its
+commands, and its files under ``/mnt/data``. Everything crossing it is a value or a byte
+stream (paths are relative to ``/mnt/data`` and already normalised by
+``datapath.relative_path``; never a host path or a file descriptor), so a runtime on another
+machine or in Kubernetes can implement it over the network.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import builtins
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from shellbox.patch import PatchOperation
 
 MemoryLimit = Literal["1g", "4g", "16g", "64g"]
 MEMORY_LIMIT_BYTES: dict[str, int] = {
@@ -107,27 +117,68 @@ class SandboxInfo:
     state: SandboxState
 
 
+@dataclass(frozen=True)
+class FileInfo:
+    """A regular file under ``/mnt/data``."""
+
+    path: str  # relative to /mnt/data
+    size: int  # bytes
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """What an ``apply_patch`` call did: all of it (``completed``) or nothing."""
+
+    completed: bool
+    output: str  # written for the model: what was done, or why nothing was
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What a runtime says about itself (``/healthz``, the container object's ``image``)."""
+
+    image_id: str  # ``<profile>-<recipe hash>``
+    image_profile: str
+    cgroup: str | None = None  # the host's cgroup layout (v2, hybrid, v1), if it has one
+    disk_quota: str | None = None  # the kind of per-container disk quota, None: no quota
+
+
+# A body to write: chunks from the caller, given in order. Sync iterables are read by the
+# runtime (in a worker thread where it blocks); both may raise (a size cap) to abort the write.
+ByteSource = Iterable[bytes] | AsyncIterable[bytes]
+
+
 class Runtime(Protocol):
-    """Creates, runs and removes sandbox containers. All methods are safe to call concurrently
-    for different containers."""
+    """Creates, runs and removes sandbox containers, and reads and writes their files. All
+    methods are safe to call concurrently for different containers.
+
+    Errors are domain errors (``shellbox.errors``): ``ContainerNotFound`` for an id the
+    runtime does not hold, ``FileNotFound``/``InvalidRequest``/``PathOutsideWorkspace``
+    naming ``param`` for a path, ``DiskQuotaExceeded`` for a full disk, ``SandboxError`` for
+    the runtime's own failures."""
+
+    # -- lifecycle ------------------------------------------------------------------------
 
     async def create(self, spec: ContainerSpec) -> None:
         """Lay out the container's disk (upper layer, data dir) and its cgroups."""
 
+    async def update(self, spec: ContainerSpec) -> None:
+        """Replace a created container's spec: ``env`` applies from the next command and
+        ``disk_limit_bytes`` at once; everything else from its next start."""
+
     async def start(self, container_id: str) -> None:
         """Start (or restart) the container; returns once its agent answers."""
 
-    def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
-        """Run commands in order, yielding events as output arrives."""
+    async def responsive(self, container_id: str) -> bool:
+        """Whether the container's agent answers now (a cheap round trip, nothing run)."""
         ...
 
-    async def run(self, container_id: str, request: ExecRequest) -> list[CommandResult]:
-        """Run commands and return one result per command."""
-        ...
+    async def pause(self, container_id: str) -> None:
+        """Freeze every process of the container (memory and files kept)."""
 
-    async def pause(self, container_id: str) -> None: ...
-
-    async def resume(self, container_id: str) -> None: ...
+    async def resume(self, container_id: str) -> None:
+        """Thaw what ``pause`` froze."""
 
     async def stop(self, container_id: str) -> None:
         """Stop every process; the disk stays."""
@@ -147,6 +198,88 @@ class Runtime(Protocol):
         was done per container id ("adopted", "restarted", "paused" or "failed")."""
         ...
 
-    def data_dir(self, container_id: str) -> Path:
-        """Host path of the container's ``/mnt/data``."""
+    def describe(self) -> RuntimeInfo:
+        """The image containers run and the host facilities they get."""
+        ...
+
+    async def image_file(self, path: str) -> bytes | None:
+        """The bytes of an absolute ``path`` in the sandbox image (None: no such file)."""
+        ...
+
+    # -- commands -------------------------------------------------------------------------
+
+    def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """Run commands in order, yielding events as output arrives."""
+        ...
+
+    async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
+        """Run commands and return one result per command."""
+        ...
+
+    # -- files under /mnt/data (``rel``: relative to it, normalised) ------------------------
+    # A stopped container's files are reachable too: none of these starts it.
+
+    async def read_file(
+        self, container_id: str, rel: str, *, follow_links: bool = False, param: str = "path"
+    ) -> AsyncIterator[bytes]:
+        """The regular file's bytes. Opened before this returns (a missing file raises
+        here, not while streaming). Symbolic links on the path are refused, or with
+        ``follow_links`` followed as the container would, while they stay in /mnt/data."""
+        ...
+
+    async def write_file(
+        self,
+        container_id: str,
+        rel: str,
+        chunks: ByteSource,
+        *,
+        follow_links: bool = False,
+        param: str = "path",
+    ) -> tuple[str, int]:
+        """Replace (or create, with its missing parent directories) a file owned by the
+        sandbox user, atomically: a body that fails leaves nothing behind. Returns where it
+        was written (``rel`` with links followed) and its size."""
+        ...
+
+    async def stat_file(self, container_id: str, rel: str) -> FileInfo | None:
+        """The regular file at ``rel`` (links not followed); None for anything else."""
+        ...
+
+    async def list_files(self, container_id: str) -> builtins.list[FileInfo]:
+        """Every regular file under /mnt/data (bounded: the deepest and the most numerous
+        are left out), none of the runtime's own temporaries."""
+        ...
+
+    async def remove_file(self, container_id: str, rel: str, *, param: str = "path") -> None:
+        """Delete the file (a link itself, never what it points at); FileNotFound if none."""
+
+    async def resolve_path(self, container_id: str, rel: str, *, param: str = "path") -> str:
+        """``rel`` with its symbolic links followed (``""``: /mnt/data itself);
+        PathOutsideWorkspace if one leads out of /mnt/data."""
+        ...
+
+    async def apply_patch(
+        self, container_id: str, operations: Sequence[PatchOperation]
+    ) -> PatchResult:
+        """Apply V4A operations all or nothing, with the sandbox user's permissions; a
+        failure the model can fix is a result, not an error."""
+        ...
+
+    async def export_archive(
+        self, container_id: str, rel_dir: str, exclude: Sequence[str], *, timeout_ms: int
+    ) -> AsyncIterator[bytes]:
+        """A tar of the directory (``""``: /mnt/data), members ``./...``, made inside the
+        running container by the sandbox user within ``timeout_ms``; ``exclude`` holds
+        member names (``./a/b``). The tree is left as it was (directory times included)."""
+        ...
+
+    async def import_archive(
+        self, container_id: str, rel_dir: str, body: ByteSource, *, timeout_ms: int
+    ) -> int:
+        """Unpack a tar under the directory (created if missing) inside the running
+        container, as the sandbox user, within ``timeout_ms``; returns the archive's size."""
+        ...
+
+    async def sweep_uploads(self, container_id: str) -> int:
+        """Remove partial writes a crashed server left in the container; returns how many."""
         ...

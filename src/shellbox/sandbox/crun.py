@@ -64,10 +64,10 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from importlib.util import cache_from_source
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
@@ -80,25 +80,32 @@ from shellbox.errors import (
     SandboxError,
     ShellboxError,
 )
+from shellbox.patch import PatchOperation
 from shellbox.sandbox import hostns, idmap, oci, storage
 from shellbox.sandbox.base import (
+    ByteSource,
     CommandFinished,
     CommandResult,
     ContainerSpec,
     ExecEvent,
     ExecRequest,
+    FileInfo,
     Mount,
     Outcome,
+    PatchResult,
     RecoveryAction,
+    Runtime,
+    RuntimeInfo,
     SandboxInfo,
     SandboxState,
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
+from shellbox.sandbox.host_files import HostFiles
+from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
 
 log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = ("server.py", "protocol.py")
-RUN_BASE = Path("/run/shellbox")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
 AGENT_START_TIMEOUT_S = 10.0
 PF_EXITING = 0x4  # <linux/sched.h>: a task's flags while it exits
@@ -178,8 +185,7 @@ class OciRuntime:
         )
         hostns.make_room_for(self.uid_ranges.count)
         self.seccomp = oci.load_seccomp() if seccomp else None
-        key = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
-        self.run_base = RUN_BASE / key
+        self.run_base = run_base_for(self.state_dir)
         self.oci_root = self.run_base / binary
         sweep_stale_run_dirs(RUN_BASE, keep=self.run_base)
         self.containers_dir = self.state_dir / "containers"
@@ -208,6 +214,9 @@ class OciRuntime:
         self._locks: dict[str, asyncio.Lock] = {}
         self._spec_env: dict[str, dict[str, str]] = {}
         self._seccomp_bpf = self._load_seccomp_bpf()
+        self.files = HostFiles(
+            self.data_dir, lambda cid: self.host_uid(cid, oci.SANDBOX_UID), self.run
+        )
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -377,8 +386,9 @@ class OciRuntime:
             raise ContainerNotFound(msg) from None
         return _spec_from_json(raw)
 
-    async def update_spec(self, spec: ContainerSpec) -> None:
-        """Replace the stored spec (used on the next start); a new disk limit applies now."""
+    async def update(self, spec: ContainerSpec) -> None:
+        """Replace the stored spec (used on the next start); a new disk limit applies now,
+        ``env`` from the next command (it is handed to each command, not to the container)."""
         self._spec_env.pop(spec.id, None)
         if self.load_spec(spec.id).disk_limit_bytes != spec.disk_limit_bytes:
             self.storage.set_limit(spec.id, spec.disk_limit_bytes)
@@ -512,6 +522,7 @@ class OciRuntime:
         self._locks.pop(container_id, None)
         self._uid_bases.pop(container_id, None)
         self._spec_env.pop(container_id, None)
+        self.files.forget(container_id)
 
     async def _remove_oci(self, container_id: str) -> None:
         """Kill every process and remove the OCI container and its cgroups; keep the disk."""
@@ -588,6 +599,7 @@ class OciRuntime:
                 await self.start(info.id)
                 done[info.id] = "restarted"
             except Exception:  # one broken container must not stop the others
+                log.exception("recovering sandbox %s: starting it again failed", info.id)
                 done[info.id] = "failed"
         await self.sweep_orphans()
         return done
@@ -611,8 +623,10 @@ class OciRuntime:
             cid for cid in disks - known if not self.containers_dir.joinpath(cid).exists()
         }
         for cid in sorted(orphans):
-            with contextlib.suppress(Exception):
+            try:
                 await self._remove_oci(cid)
+            except Exception:  # the rest of the sweep must still run
+                log.exception("sweeping leftovers of %s: removing its OCI state failed", cid)
             shutil.rmtree(self.socket_dir(cid), ignore_errors=True)
         for cid in sorted(orphan_disks):
             await asyncio.to_thread(self.storage.remove, cid)
@@ -621,6 +635,82 @@ class OciRuntime:
     async def memory_usage(self, container_id: str) -> int | None:
         """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""
         return self.cgroups.memory_usage(container_id)
+
+    async def responsive(self, container_id: str) -> bool:
+        try:
+            await agent_client.ping(self.socket_path(container_id))
+        except (AgentUnavailable, OSError, ValueError):
+            return False
+        return True
+
+    def describe(self) -> RuntimeInfo:
+        name = self.image_rootfs.parent.name  # ``<profile>-<recipe hash>``
+        return RuntimeInfo(
+            image_id=name,
+            image_profile=name.rpartition("-")[0],
+            cgroup=self.cgroups.mode.value,
+            disk_quota=self.storage.quota_mode,
+        )
+
+    async def image_file(self, path: str) -> bytes | None:
+        """Read from the shared image on this host (root's, never writable by a container)."""
+        target = self.image_rootfs / path.lstrip("/")
+        try:
+            return await asyncio.to_thread(target.read_bytes)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    # -- files (``host_files.py``) ----------------------------------------------------------
+
+    async def read_file(
+        self, container_id: str, rel: str, *, follow_links: bool = False, param: str = "path"
+    ) -> AsyncIterator[bytes]:
+        return await self.files.read_file(container_id, rel, follow_links=follow_links, param=param)
+
+    async def write_file(
+        self,
+        container_id: str,
+        rel: str,
+        chunks: ByteSource,
+        *,
+        follow_links: bool = False,
+        param: str = "path",
+    ) -> tuple[str, int]:
+        return await self.files.write_file(
+            container_id, rel, chunks, follow_links=follow_links, param=param
+        )
+
+    async def stat_file(self, container_id: str, rel: str) -> FileInfo | None:
+        return await self.files.stat_file(container_id, rel)
+
+    async def list_files(self, container_id: str) -> builtins.list[FileInfo]:
+        return await self.files.list_files(container_id)
+
+    async def remove_file(self, container_id: str, rel: str, *, param: str = "path") -> None:
+        await self.files.remove_file(container_id, rel, param=param)
+
+    async def resolve_path(self, container_id: str, rel: str, *, param: str = "path") -> str:
+        return await self.files.resolve_path(container_id, rel, param=param)
+
+    async def apply_patch(
+        self, container_id: str, operations: Sequence[PatchOperation]
+    ) -> PatchResult:
+        return await self.files.apply_patch(container_id, operations)
+
+    async def export_archive(
+        self, container_id: str, rel_dir: str, exclude: Sequence[str], *, timeout_ms: int
+    ) -> AsyncIterator[bytes]:
+        return await self.files.export_archive(
+            container_id, rel_dir, exclude, timeout_ms=timeout_ms
+        )
+
+    async def import_archive(
+        self, container_id: str, rel_dir: str, body: ByteSource, *, timeout_ms: int
+    ) -> int:
+        return await self.files.import_archive(container_id, rel_dir, body, timeout_ms=timeout_ms)
+
+    async def sweep_uploads(self, container_id: str) -> int:
+        return await self.files.sweep_uploads(container_id)
 
     # -- exec -------------------------------------------------------------------------------
 
@@ -861,3 +951,9 @@ def _spec_from_json(raw: dict[str, Any]) -> ContainerSpec:
         for m in raw.pop("mounts", [])
     )
     return ContainerSpec(**raw, mounts=mounts)
+
+
+if TYPE_CHECKING:  # mypy checks that the driver is a whole ``Runtime``
+
+    def _is_a_runtime(rt: OciRuntime) -> Runtime:
+        return rt

@@ -13,13 +13,22 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shellbox.errors import ImageBuildError
 
-if TYPE_CHECKING:
-    from shellbox.sandbox.image import Image
+
+class BuiltImage(Protocol):
+    """What is described of a built image (``image.Image``; no import of it: it imports us)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def profile(self) -> str: ...
+
 
 # name -> the shell command that prints its version (the first line with a dotted number wins).
 # Tools a profile lacks print nothing and are left out.
@@ -120,7 +129,7 @@ def tree_size(root: Path) -> int:
     return total
 
 
-def describe(image: Image) -> dict[str, Any]:
+def describe(image: BuiltImage) -> dict[str, Any]:
     """The image's id, profile and what ``info.json`` recorded when it was built."""
     root = image.path.parent
     info_path = root / INFO_FILE
@@ -128,7 +137,7 @@ def describe(image: Image) -> dict[str, Any]:
     return {"id": root.name, "profile": image.profile, **info}
 
 
-def markdown_table(images: list[Image]) -> str:
+def markdown_table(images: Sequence[BuiltImage]) -> str:
     """One column per image, one row per tool (``-`` where an image lacks it)."""
     described = [describe(i) for i in images]
     names = [n for n, _ in TOOLS] + ["pillow" if n == "PIL" else n for n in PYTHON_LIBRARIES]

@@ -16,11 +16,11 @@ from shellbox.errors import InvalidRequest
 from shellbox.ids import new_id
 from shellbox.sandbox import CommandFinished, CommandResult, ExecEvent, OutputDelta
 from shellbox.sandbox.base import ExecRequest
+from shellbox.sandbox.datapath import DATA_MOUNT
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
-from shellbox.service.fs import DATA_MOUNT
 from shellbox.service.models import ContainerFileRecord, Principal
-from shellbox.service.shell import ShellLimits, shell_call_output_item
+from shellbox.service.shell import ShellLimits, int_or_null, shell_call_output_item
 
 MAX_CITED_FILES = 10
 SANDBOX_USERS = ("user", "1000", "sandbox")
@@ -65,12 +65,8 @@ class CallService:
     def shell_request(self, item: dict[str, Any]) -> ExecRequest:
         action = _require(item, "action", dict, "action")
         commands = action.get("commands")
-        timeout = action.get("timeout_ms")
-        max_len = action.get("max_output_length")
-        for name, v in (("timeout_ms", timeout), ("max_output_length", max_len)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-                msg = f"action.{name} must be an integer or null"
-                raise InvalidRequest(msg, param=f"action.{name}")
+        timeout = int_or_null(action.get("timeout_ms"), param="action.timeout_ms")
+        max_len = int_or_null(action.get("max_output_length"), param="action.max_output_length")
         return self.limits.exec_request(commands, timeout, max_len)
 
     @staticmethod
@@ -174,10 +170,7 @@ class CallService:
             if not name or "=" in name:
                 msg = f"action.env names a variable {name!r}; a name is non-empty and has no '='"
                 raise InvalidRequest(msg, param=f"action.env.{name}")
-        timeout = action.get("timeout_ms")
-        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
-            msg = "action.timeout_ms must be an integer or null"
-            raise InvalidRequest(msg, param="action.timeout_ms")
+        timeout = int_or_null(action.get("timeout_ms"), param="action.timeout_ms")
         user = action.get("user")
         workdir = action.get("working_directory")
         if workdir is not None and not isinstance(workdir, str):

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from shellbox.errors import (
@@ -25,7 +24,7 @@ from shellbox.errors import (
     SandboxError,
 )
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, Mount, OciRuntime
+from shellbox.sandbox import ContainerSpec, Mount, Runtime
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
 from shellbox.service.warm_pool import WarmPool
@@ -49,8 +48,12 @@ class CreateContainer:
 
 @dataclass
 class Provisioned:
-    """What the egress and skills features add to a container's spec."""
+    """What the egress and skills features add to a container's spec (and what their checks
+    found, for their provisioning to use rather than validate again)."""
 
+    # The request's network policy as the egress check validated it (its own type: the
+    # container service only carries it to the egress provision hook).
+    allowlist: object | None = None
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     netns_path: str | None = None
@@ -67,11 +70,13 @@ ProvisionHook = Callable[[Principal, CreateContainer, str, Provisioned], Corouti
 ReleaseHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 StartHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
 ReapHook = Callable[[], Coroutine[Any, Any, None]]
-CheckHook = Callable[[Principal, CreateContainer], object]  # raises InvalidRequest
+# Checks get the request and what is provisioned so far (nothing yet but what earlier checks
+# noted): each raises InvalidRequest, or notes what it validated for its provision hook.
+CheckHook = Callable[[Principal, CreateContainer, Provisioned], object]
 
 
 class ContainerService:
-    def __init__(self, settings: Settings, store: ContainerStore, runtime: OciRuntime) -> None:
+    def __init__(self, settings: Settings, store: ContainerStore, runtime: Runtime) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
@@ -178,8 +183,9 @@ class ContainerService:
         if policy_type not in ("disabled", "allowlist"):
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
             raise InvalidRequest(msg, param="network_policy.type")
+        prov = Provisioned()
         for check in self.check_hooks:
-            check(principal, req)
+            check(principal, req, prov)
         # A pooled container fits a request that asks for nothing beyond its pool's spec (but
         # env); whether the hooks add something is only known once they ran, under its id.
         pool = self.pools.get(policy_type)
@@ -187,7 +193,6 @@ class ContainerService:
         if pool is not None and req.memory_limit == DEFAULT_MEMORY and not req.skills:
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
-        prov = Provisioned()
         try:
             for hook in self.provision_hooks:
                 await hook(principal, req, cid, prov)
@@ -235,7 +240,7 @@ class ContainerService:
                 await self.runtime.create(spec)
             elif spec != pooled:
                 # env applies per command and a disk limit at once: store them
-                await self.runtime.update_spec(spec)
+                await self.runtime.update(spec)
             # Counted and inserted in one transaction: another server creating for the same
             # project at once cannot pass the caps either.
             refused = self.store.insert_within(record, self._quota())
@@ -283,11 +288,20 @@ class ContainerService:
             network_policy=prov.network_policy,
             skills=prov.skills,
         )
-        with contextlib.suppress(Exception):
+        # Best effort, each step on its own: the creation's own error is what the caller sees.
+        try:
             await self.runtime.destroy(cid)
+        except Exception:
+            log.exception("undoing the creation of %s: destroying its sandbox failed", cid)
         for hook in self.release_hooks:
-            with contextlib.suppress(Exception):
+            try:
                 await hook(record)
+            except Exception:
+                log.exception(
+                    "undoing the creation of %s: release hook %s failed",
+                    cid,
+                    getattr(hook, "__qualname__", hook),
+                )
         self.store.remove(cid)
 
     def _quota(self) -> Quota:
@@ -533,18 +547,11 @@ class ContainerService:
             elif record.status == "sleeping" and await self.runtime.state(record.id) != "absent":
                 await self.runtime.stop(record.id)
 
-    def data_dir(self, cid: str) -> Path:
-        return self.runtime.data_dir(cid)
-
-    def host_uid(self, cid: str, container_uid: int) -> int:
-        """Who ``container_uid`` of this container is on the host (each has its own range)."""
-        return self.runtime.host_uid(cid, container_uid)
-
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
     which the runtime hands to each command rather than to the container at start, and the
-    disk limit, which ``update_spec`` changes on the spot."""
+    disk limit, which ``Runtime.update`` changes on the spot."""
     return dataclasses.replace(pooled, env={}, disk_limit_bytes=0) == dataclasses.replace(
         wanted, env={}, disk_limit_bytes=0
     )

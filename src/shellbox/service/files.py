@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -20,17 +20,14 @@ import anyio
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
 from shellbox.ids import new_id
-from shellbox.sandbox.oci import SANDBOX_UID
-from shellbox.service import fs
+from shellbox.sandbox import FileInfo
+from shellbox.sandbox.datapath import DATA_MOUNT, check_name_limits, relative_path
 from shellbox.service.containers import ContainerService
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
 from shellbox.settings import Settings
 from shellbox.store import ContainerFileStore, FileStore
 
 log = logging.getLogger("shellbox.files")
-# A scan costs about 3 us per directory entry here (2 000 entries: 6 ms). Up to this many it
-# runs on the event loop (~1.5 ms at most), beyond it in a worker thread (FileService.sync).
-INLINE_SCAN_ENTRIES = 500
 STALE_UPLOAD_S = 3600  # a temporary upload file untouched this long was left by a crash
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 
@@ -62,7 +59,6 @@ class FileService:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
         self._known: dict[str, dict[str, ContainerFileRecord]] = {}
-        self._scan_cost: dict[str, int] = {}  # container -> entries its last scan looked at
         self._scan_locks: dict[str, asyncio.Lock] = {}
         # Every change the index records gets the next number of this counter; a call cites
         # the files whose number is past the mark taken when it started. File times cannot do
@@ -77,8 +73,8 @@ class FileService:
         """Remove what uploads cut off by a crash left: the Files API's temporaries at once
         (one directory, and no upload is in flight before the server listens), and every
         container's ``.shellbox-upload-*`` in a worker thread in the background, so that
-        start-up does not wait for a walk of every data directory (``fs.sweep_uploads`` keeps
-        the temporaries of uploads this process starts meanwhile)."""
+        start-up does not wait for a walk of every data directory (``Runtime.sweep_uploads``
+        keeps the temporaries of uploads this process starts meanwhile)."""
         for tmp in self.blob_dir.glob(".upload-*"):
             tmp.unlink(missing_ok=True)
         ids = self.containers.store.ids()
@@ -87,19 +83,14 @@ class FileService:
 
     async def _sweep(self, ids: list[str]) -> None:
         started = time.monotonic()
-
-        def sweep() -> int:
-            removed = 0
-            for cid in ids:
-                if self._stopping:
-                    break
-                try:
-                    removed += fs.sweep_uploads(self.containers.data_dir(cid))
-                except OSError:
-                    log.exception("could not sweep upload leftovers of %s", cid)
-            return removed
-
-        removed = await anyio.to_thread.run_sync(sweep)
+        removed = 0
+        for cid in ids:
+            if self._stopping:
+                break
+            try:
+                removed += await self.containers.runtime.sweep_uploads(cid)
+            except OSError:
+                log.exception("could not sweep upload leftovers of %s", cid)
         log.info(
             "upload leftovers: removed %d in %d containers in %.1f s",
             removed,
@@ -108,7 +99,7 @@ class FileService:
         )
 
     async def close(self) -> None:
-        self._stopping = True  # the thread stops after the container it is sweeping
+        self._stopping = True  # the sweep stops after the container it is sweeping
         if self._sweeper is not None:
             await self._sweeper
 
@@ -133,7 +124,7 @@ class FileService:
         _check_size(size, self.settings.limits.upload_max_bytes)
         name = _safe_basename(filename)
         # The name becomes a file name in /mnt/data (file_ids): refuse now what would fail then.
-        fs.check_name_limits(name, shown=filename, param="file")
+        check_name_limits(name, shown=filename, param="file")
         now = int(time.time())
         record = FileRecord(
             new_id("file-"),
@@ -222,46 +213,41 @@ class FileService:
     ) -> None:
         records = [self.get_file(principal, fid) for fid in file_ids]
         for record in records:
-            await anyio.to_thread.run_sync(
-                self._write, cid, record.filename, self._blob_chunks(record), "file_ids"
-            )
-            self._index_written(cid, record.filename)
+            await self._write(cid, record.filename, self._blob_chunks(record), "file_ids")
+            await self._index_written(cid, record.filename)
 
     async def upload(
         self, principal: Principal, cid: str, filename: str, chunks: Iterator[bytes]
     ) -> ContainerFileRecord:
         """Write an uploaded file (its name is the path under /mnt/data) into the container."""
-        rel = fs.relative_path(filename, param="file")
+        rel = relative_path(filename, param="file")
         async with self.containers.activity(principal, cid, wake=False):
             capped = _capped(chunks, self.settings.limits.upload_max_bytes)
-            await anyio.to_thread.run_sync(self._write, cid, rel, capped, "file")
-            return self._index_written(cid, rel)
+            await self._write(cid, rel, capped, "file")
+            return await self._index_written(cid, rel)
 
     async def upload_from_file(
         self, principal: Principal, cid: str, file_id: str
     ) -> ContainerFileRecord:
         async with self.containers.activity(principal, cid, wake=False):
             record = self.get_file(principal, file_id)
-            await anyio.to_thread.run_sync(
-                self._write, cid, record.filename, self._blob_chunks(record), "file_id"
-            )
-            return self._index_written(cid, record.filename)
+            await self._write(cid, record.filename, self._blob_chunks(record), "file_id")
+            return await self._index_written(cid, record.filename)
 
     def _blob_chunks(self, record: FileRecord) -> Iterator[bytes]:
         return _read_blob(self._open_blob(record.id))
 
-    def _write(self, cid: str, filename: str, chunks: Iterator[bytes], param: str) -> None:
-        rel = fs.relative_path(filename, param=param)
-        uid = self.containers.host_uid(cid, SANDBOX_UID)
-        fs.write_file(self.containers.data_dir(cid), rel, chunks, uid=uid, param=param)
+    async def _write(self, cid: str, filename: str, chunks: Iterator[bytes], param: str) -> None:
+        rel = relative_path(filename, param=param)
+        await self.containers.runtime.write_file(cid, rel, chunks, param=param)
 
-    def _index_written(self, cid: str, filename: str) -> ContainerFileRecord:
-        rel = fs.relative_path(filename, param="file")
-        st = fs.stat_file(self.containers.data_dir(cid), rel)
+    async def _index_written(self, cid: str, filename: str) -> ContainerFileRecord:
+        rel = relative_path(filename, param="file")
+        st = await self.containers.runtime.stat_file(cid, rel)
         if st is None:  # replaced from inside the sandbox in the meantime
-            msg = f"/mnt/data/{rel} changed while it was being written"
+            msg = f"{DATA_MOUNT}/{rel} changed while it was being written"
             raise InvalidRequest(msg, param="file")
-        return self._index(cid, rel, st.st_size, st.st_mtime_ns, source="user", force_source=True)
+        return self._index(cid, rel, st.size, st.mtime_ns, source="user", force_source=True)
 
     def _known_files(self, cid: str) -> dict[str, ContainerFileRecord]:
         """The index of one container's files by path, read from the database once and then
@@ -300,22 +286,14 @@ class FileService:
     async def sync(self, cid: str) -> list[ContainerFileRecord]:
         """Bring the index in line with the data directory; returns files changed since.
 
-        Small trees are scanned right on the event loop (a thread hop would cost more than the
-        scan); a container whose last scan looked at more than ``INLINE_SCAN_ENTRIES`` entries
-        is scanned in a worker thread, so a sandbox with a huge tree cannot stall every other
-        request. One scan per container at a time, so a slow old scan never undoes a newer one.
+        One listing per container at a time, so a slow old one never undoes a newer one.
         """
         lock = self._scan_locks.setdefault(cid, asyncio.Lock())
         async with lock:
-            root = self.containers.data_dir(cid)
-            if self._scan_cost.get(cid, 0) > INLINE_SCAN_ENTRIES:
-                found, cost = await anyio.to_thread.run_sync(fs.scan_counted, root)
-            else:
-                found, cost = fs.scan_counted(root)
-            self._scan_cost[cid] = cost
+            found = await self.containers.runtime.list_files(cid)
             return self._apply_scan(cid, found)
 
-    def _apply_scan(self, cid: str, found: list[fs.Entry]) -> list[ContainerFileRecord]:
+    def _apply_scan(self, cid: str, found: list[FileInfo]) -> list[ContainerFileRecord]:
         entries = {e.path: e for e in found}
         known = self._known_files(cid)
         gone = [p for p in known if p not in entries]
@@ -352,7 +330,6 @@ class FileService:
         """A container ended (expired or deleted): its files are gone, and so is their index."""
         self._known.pop(record.id, None)
         self._changed_at.pop(record.id, None)
-        self._scan_cost.pop(record.id, None)
         self._scan_locks.pop(record.id, None)
         self.index_store.delete_container(record.id)
 
@@ -375,16 +352,18 @@ class FileService:
             raise FileNotFound(msg, param="file_id")
         return record
 
-    def open_container_file(self, principal: Principal, cid: str, file_id: str) -> Iterator[bytes]:
+    async def open_container_file(
+        self, principal: Principal, cid: str, file_id: str
+    ) -> AsyncIterator[bytes]:
         record = self.get_container_file(principal, cid, file_id)
-        fd = fs.open_read(self.containers.data_dir(cid), record.path)
+        chunks = await self.containers.runtime.read_file(cid, record.path)
         self.containers.touch(cid)
-        return fs.read_chunks(fd)
+        return chunks
 
-    def delete_container_file(self, principal: Principal, cid: str, file_id: str) -> None:
+    async def delete_container_file(self, principal: Principal, cid: str, file_id: str) -> None:
         record = self.get_container_file(principal, cid, file_id)
         with contextlib.suppress(FileNotFound):
-            fs.delete(self.containers.data_dir(cid), record.path)
+            await self.containers.runtime.remove_file(cid, record.path)
         self.index_store.delete([file_id])
         known = self._known.get(cid)
         if known is not None:

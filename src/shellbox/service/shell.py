@@ -15,31 +15,38 @@ from shellbox.settings import LimitSettings
 
 @dataclass(frozen=True)
 class ShellLimits:
-    default_timeout_ms: int = 120_000
-    max_timeout_ms: int = 300_000
-    default_max_output_length: int = 16_384
-    max_output_length: int = 65_536
-    max_commands: int = 100
+    """The one place a call's ``timeout_ms`` and ``max_output_length`` get their defaults and
+    their clamps (the numbers are ``limits.*`` settings, whose defaults are the agent
+    protocol's). Build it with ``from_settings``."""
+
+    default_timeout_ms: int
+    max_timeout_ms: int
+    default_max_output_length: int
+    max_output_length: int
+    max_commands: int
 
     @classmethod
-    def from_settings(cls, s: LimitSettings) -> ShellLimits:
+    def from_settings(cls, s: LimitSettings | None = None) -> ShellLimits:
+        s = s or LimitSettings()
         return cls(
-            s.default_timeout_ms,
+            # A default above its clamp (a configuration can say so) is clamped too.
+            min(s.default_timeout_ms, s.max_timeout_ms),
             s.max_timeout_ms,
-            s.default_max_output_length,
+            min(s.default_max_output_length, s.max_output_length),
             s.max_output_length,
             s.max_commands,
         )
 
-    def timeout_ms(self, requested: int | None) -> int:
-        """Null, zero or negative means the default; anything above the clamp is clamped."""
-        if requested is None or requested <= 0:
-            return min(self.default_timeout_ms, self.max_timeout_ms)
-        return min(requested, self.max_timeout_ms)
+    def timeout_ms(self, requested: int | None, *, at_most: int | None = None) -> int:
+        """Null, zero or negative means the default; anything above the clamp (or above
+        ``at_most``, a budget the caller has left) is clamped."""
+        wanted = self.default_timeout_ms if requested is None or requested <= 0 else requested
+        return min(wanted, self.max_timeout_ms, *(() if at_most is None else (at_most,)))
 
     def output_length(self, requested: int | None) -> int:
+        """Null or negative means the default; anything above the clamp is clamped."""
         if requested is None or requested < 0:
-            return min(self.default_max_output_length, self.max_output_length)
+            return self.default_max_output_length
         return min(requested, self.max_output_length)
 
     def exec_request(
@@ -60,6 +67,14 @@ class ShellLimits:
             env=env,
             cwd=cwd,
         )
+
+
+def int_or_null(value: object, *, param: str) -> int | None:
+    """A call's ``timeout_ms`` or ``max_output_length`` as given: an integer or null."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        msg = f"{param} must be an integer or null"
+        raise InvalidRequest(msg, param=param)
+    return value
 
 
 def check_commands(commands: Sequence[str], max_commands: int, *, param: str) -> None:

@@ -24,10 +24,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from shellbox.agent import client as agent_client
-from shellbox.errors import AgentUnavailable, SandboxError
+from shellbox.errors import SandboxError
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime
+from shellbox.sandbox import ContainerSpec, Runtime
 
 log = logging.getLogger("shellbox.warm_pool")
 RETRY_AFTER_FAILURE_S = 5.0
@@ -36,7 +35,7 @@ RETRY_AFTER_FAILURE_S = 5.0
 class WarmPool:
     def __init__(
         self,
-        runtime: OciRuntime,
+        runtime: Runtime,
         make_spec: Callable[[str], Awaitable[ContainerSpec]],
         size: int,
         *,
@@ -101,31 +100,36 @@ class WarmPool:
             while self._ready:
                 spec = self._ready.pop(0)
                 try:
-                    await agent_client.ping(self.runtime.socket_path(spec.id))
-                except (AgentUnavailable, OSError, ValueError):
-                    log.warning("pooled container %s does not answer; dropping it", spec.id)
-                    await self._discard(spec.id)
-                    continue
+                    responsive = await self.runtime.responsive(spec.id)
                 except BaseException:  # the request went away: the container is nobody's
                     await asyncio.shield(self._discard(spec.id))
                     raise
+                if not responsive:
+                    log.warning("pooled container %s does not answer; dropping it", spec.id)
+                    await self._discard(spec.id)
+                    continue
                 return spec
             return None
         finally:
             self.refill()
 
     async def _discard(self, cid: str) -> None:
-        with contextlib.suppress(Exception):
+        try:
             await self.runtime.destroy(cid)
+        except Exception:
+            log.exception("discarding pooled container %s: destroying it failed", cid)
         if self.release is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self.release(cid)
+            except Exception:
+                log.exception("discarding pooled container %s: releasing its spec failed", cid)
 
     async def close(self) -> None:
         self._closed = True
         if self._filler is not None:
             self._filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            # ``_fill`` logs its own failures; cancelled is how it ends here.
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._filler
         ready, self._ready = self._ready, []
         for spec in ready:

@@ -1,22 +1,19 @@
 """Skills: versioned folders with a ``SKILL.md`` that containers mount read-only.
 
-``install(services)`` is the feature's entry in ``services.FEATURES``: it builds the
-``SkillService`` (``services.extras["skills"]``) and hooks it into container creation.
+``install`` (called by the composition root, ``services.py``) builds the ``SkillService``
+and hooks it into container creation.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from shellbox.service.containers import ContainerService
+from shellbox.settings import Settings
 from shellbox.skills.service import SkillService
-
-if TYPE_CHECKING:
-    from shellbox.services import Services
+from shellbox.store import SkillStore
 
 __all__ = ["SkillService", "install"]
 
 
-def install(services: Services) -> None:
-    services.extras["skills"] = SkillService(
-        services.settings, services.stores.skills, services.containers
-    )
+def install(settings: Settings, store: SkillStore, containers: ContainerService) -> SkillService:
+    """The skills feature, hooked into container creation."""
+    return SkillService(settings, store, containers)

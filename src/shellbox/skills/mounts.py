@@ -19,10 +19,10 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -30,12 +30,10 @@ from shellbox.errors import InvalidRequest, ShellboxError
 from shellbox.sandbox import Mount
 from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
 from shellbox.service.models import ContainerRecord, Principal
-from shellbox.skills.bundle import MAX_DESCRIPTION, check_name, unpack_zip
+from shellbox.skills.bundle import MAX_DESCRIPTION, Caps, check_name, unpack_zip
 from shellbox.skills.models import SkillVersionRecord, parse_version
-from shellbox.skills.paths import remove
-
-if TYPE_CHECKING:
-    from shellbox.skills.service import SkillService
+from shellbox.skills.paths import SkillPaths, remove
+from shellbox.store import ContainerStore, SkillStore
 
 log = logging.getLogger("shellbox.skills")
 MOUNT_ROOT = "/mnt/skills"
@@ -97,14 +95,28 @@ def _inline(raw: dict[str, Any], param: str, max_bytes: int) -> _Inline:
     return _Inline(name, description.strip(), blob, f"{param}.source.data")
 
 
+# The version a container's reference names: (principal, skill id, version, param=...).
+Resolve = Callable[..., SkillVersionRecord]
+
+
 class SkillMounts:
-    def __init__(self, service: SkillService, containers_service: ContainerService) -> None:
-        self.service = service
-        self.paths = service.paths
-        self.skills = service.store
-        self.containers = containers_service.store
-        self.caps = service.caps
-        self.max_per_container = service.settings.skills.max_per_container
+    def __init__(
+        self,
+        *,
+        paths: SkillPaths,
+        skills: SkillStore,
+        container_rows: ContainerStore,
+        caps: Caps,
+        max_per_container: int,
+        resolve: Resolve,
+        containers_service: ContainerService,
+    ) -> None:
+        self.resolve = resolve  # ``SkillService.resolve``
+        self.paths = paths
+        self.skills = skills
+        self.containers = container_rows
+        self.caps = caps
+        self.max_per_container = max_per_container
         # Versions that containers being created will mount, before their rows say so.
         self._pending: dict[str, set[VersionKey]] = {}
         containers_service.provision_hooks.append(self.provision)
@@ -131,9 +143,7 @@ class SkillMounts:
                     msg = f"{param}.skill_id is required for a skill_reference"
                     raise InvalidRequest(msg, param=f"{param}.skill_id")
                 ref = parse_version(raw.get("version"), param=f"{param}.version")
-                plans.append(
-                    _Reference(self.service.resolve(principal, skill_id, ref, param=param))
-                )
+                plans.append(_Reference(self.resolve(principal, skill_id, ref, param=param)))
             elif kind == "inline":
                 plans.append(_inline(raw, param, self.caps.max_bundle_bytes))
             else:

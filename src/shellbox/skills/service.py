@@ -40,7 +40,15 @@ class SkillService:
         self.caps = Caps.from_settings(settings.skills)
         self.paths = SkillPaths(settings.state_dir)
         self.paths.ensure()
-        self.mounts = SkillMounts(self, containers)
+        self.mounts = SkillMounts(
+            paths=self.paths,
+            skills=store,
+            container_rows=containers.store,
+            caps=self.caps,
+            max_per_container=settings.skills.max_per_container,
+            resolve=self.resolve,
+            containers_service=containers,
+        )
 
     async def start(self) -> None:
         """Remove what a previous run left: half-done uploads, versions nobody uses."""

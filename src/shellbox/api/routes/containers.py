@@ -45,7 +45,7 @@ async def create_container(
         skills=body.skills or [],
     )
 
-    rootfs = services.runtime.image_rootfs
+    rootfs = services.runtime.describe()
 
     async def create() -> Response:
         record = await services.containers.create(principal, req)
@@ -73,9 +73,7 @@ async def list_containers(
         principal, after=paging.after, limit=paging.limit, order=paging.order, name=name
     )
     return JSONResponse(
-        schemas.page(
-            [schemas.container(r, services.runtime.image_rootfs) for r in records], has_more
-        )
+        schemas.page([schemas.container(r, services.runtime.describe()) for r in records], has_more)
     )
 
 
@@ -85,7 +83,7 @@ async def retrieve_container(
 ) -> JSONResponse:
     return JSONResponse(
         schemas.container(
-            services.containers.get(principal, container_id), services.runtime.image_rootfs
+            services.containers.get(principal, container_id), services.runtime.describe()
         )
     )
 

@@ -8,7 +8,6 @@ from fastapi.responses import JSONResponse
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
 from shellbox.api.strings import checked_params
-from shellbox.egress.service import EgressService
 
 router = APIRouter(prefix="/v1/containers", tags=["egress"], dependencies=[Depends(checked_params)])
 
@@ -20,10 +19,7 @@ async def list_egress_events(
     """Every attempt the container made through the egress proxy (method, host, port, path
     without query, allowed or refused, status, bytes). Never headers, bodies or secrets."""
     services.containers.get(principal, container_id)  # 404 unless the caller's project owns it
-    egress = services.extras.get("egress")
-    if not isinstance(egress, EgressService):
-        return JSONResponse(schemas.page([], False))
-    events, has_more = egress.events(
+    events, has_more = services.egress.events(
         container_id, after=paging.after, limit=paging.limit, order=paging.order
     )
     return JSONResponse(schemas.page(events, has_more))

@@ -11,6 +11,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
@@ -40,7 +42,9 @@ async def _form(request: Request) -> Any:
         # e.g. a file name of thousands of bytes): the same client mistake as below.
         msg = f"could not parse the multipart body ({exc.detail}); check the 'file' part"
         raise InvalidRequest(msg, param="file") from None
-    except Exception as exc:  # malformed multipart bodies are the client's mistake
+    except (MultiPartException, ClientDisconnect) as exc:
+        # A malformed body (outside an app Starlette raises its parser's error as it is), or
+        # a client that left half-way: the client's doing. Anything else is a bug: a 500.
         msg = f"could not parse the multipart body: {exc}"
         raise InvalidRequest(msg, param="file") from None
     check_form(form)
@@ -205,7 +209,7 @@ async def retrieve_container_file(
 async def delete_container_file(
     container_id: str, file_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> Any:
-    services.files.delete_container_file(principal, container_id, file_id)
+    await services.files.delete_container_file(principal, container_id, file_id)
     return JSONResponse(schemas.deleted(file_id, "container.file.deleted"))
 
 
@@ -213,5 +217,5 @@ async def delete_container_file(
 async def container_file_content(
     container_id: str, file_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> Any:
-    chunks = services.files.open_container_file(principal, container_id, file_id)
+    chunks = await services.files.open_container_file(principal, container_id, file_id)
     return StreamingResponse(chunks, media_type="application/octet-stream")

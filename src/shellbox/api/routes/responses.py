@@ -30,7 +30,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def responses_service(services: Services) -> ResponsesService:
-    service: ResponsesService = services.extras["responses"]
+    service: ResponsesService = services.responses
     return service
 
 

@@ -32,7 +32,7 @@ FILE_FIELDS = ("files", "files[]")
 
 
 def _service(services: Services) -> SkillService:
-    service: SkillService = services.extras["skills"]
+    service: SkillService = services.skills
     return service
 
 

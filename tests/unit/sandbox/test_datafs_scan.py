@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shellbox.service import fs
+from shellbox.sandbox import datafs as fs
 
 
 def test_thousands_of_directories_cost_one_descriptor_per_level(tmp_path: Path) -> None:
@@ -20,7 +20,8 @@ def test_thousands_of_directories_cost_one_descriptor_per_level(tmp_path: Path) 
     # With 64 descriptors in all, a scan that kept every directory open would fail or drop
     # subtrees; a depth-first one needs about ten here.
     code = (
-        "import resource, sys; from pathlib import Path; from shellbox.service import fs\n"
+        "import resource, sys; from pathlib import Path\n"
+        "from shellbox.sandbox import datafs as fs\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
         f"print(len(fs.scan(Path({str(tmp_path)!r}))))\n"
     )

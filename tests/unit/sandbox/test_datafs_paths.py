@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shellbox.errors import FileNotFound, InvalidRequest, PathOutsideWorkspace, PayloadTooLarge
-from shellbox.service import fs
+from shellbox.sandbox import datafs as fs
 
 UID = os.getuid()
 
@@ -150,7 +150,8 @@ def test_deep_paths_cost_a_bounded_number_of_descriptors(tmp_path: Path) -> None
     # With 64 descriptors in all: a write or a resolve that kept every directory on the way
     # open would fail with EMFILE (a 500).
     code = (
-        "import os, resource, sys; from pathlib import Path; from shellbox.service import fs\n"
+        "import os, resource, sys; from pathlib import Path\n"
+        "from shellbox.sandbox import datafs as fs\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
         f"root = Path({str(tmp_path)!r})\n"
         f"print(fs.write_file(root, {deep!r}, iter([b'ok']), uid=os.getuid()))\n"

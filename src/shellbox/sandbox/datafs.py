@@ -10,6 +10,9 @@ follows them as the container would, only while they stay inside, and its answer
 opened with the same refusing walk.
 
 Every error a client's path can cause is an InvalidRequest naming the request's field.
+
+This is the OCI runtime's side of the seam: only ``OciRuntime`` (``crun.py``) calls it, with the
+data directory it owns; the service layer reaches files through ``Runtime`` methods.
 """
 
 from __future__ import annotations
@@ -21,16 +24,15 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest, PathOutsideWorkspace
+from shellbox.sandbox.base import FileInfo
+from shellbox.sandbox.datapath import DATA_MOUNT, NAME_MAX, check_name_limits
+from shellbox.sandbox.datapath import relative_path as relative_path  # re-exported
 
-DATA_MOUNT = "/mnt/data"
 MAX_SCAN_ENTRIES = 20_000
 MAX_SCAN_DEPTH = 64
-NAME_MAX = 255  # bytes in one path component (Linux)
-PATH_MAX = 4096  # bytes in a whole path, its NUL included (Linux)
 MAX_SYMLINKS = 40  # links followed while resolving one path (Linux's own limit)
 MAX_RESOLVE_STEPS = 4096  # directories opened to resolve one path: ~85 ms for a crafted tree
 # An upload is written to ``.shellbox-upload-<run>-<n>`` next to its target, then renamed. The
@@ -39,56 +41,6 @@ UPLOAD_PREFIX = ".shellbox-upload-"
 _RUN = secrets.token_hex(6)
 _UPLOAD_SEQ = itertools.count()
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def relative_path(path: str, *, param: str = "path") -> str:
-    """Normalise a client's path (``/mnt/data/a/b``, ``a/b`` or ``./a/b``) to ``a/b``."""
-    if not path or "\x00" in path:
-        msg = "the path is empty or contains a NUL byte"
-        raise InvalidRequest(msg, param=param)
-    p = PurePosixPath(path)
-    if p.is_absolute():
-        try:
-            p = p.relative_to(DATA_MOUNT)
-        except ValueError:
-            msg = f"{path!r} is outside {DATA_MOUNT}; give a path relative to it"
-            raise InvalidRequest(msg, param=param) from None
-    parts = [part for part in p.parts if part not in ("", ".")]
-    if any(part == ".." for part in parts):
-        msg = f"{path!r} contains '..'; paths must stay inside {DATA_MOUNT}"
-        raise InvalidRequest(msg, param=param)
-    if not parts:
-        msg = f"{path!r} names the data directory itself, not a file"
-        raise InvalidRequest(msg, param=param)
-    rel = "/".join(parts)
-    check_name_limits(rel, shown=path, param=param)
-    return rel
-
-
-def check_name_limits(rel: str, *, shown: str, param: str) -> None:
-    """Refuse what the kernel would refuse (a name over NAME_MAX bytes, a path over PATH_MAX,
-    text that is not valid UTF-8) before anything touches the disk."""
-    try:
-        encoded = [part.encode() for part in rel.split("/")]
-    except UnicodeEncodeError:
-        msg = f"{shown!r} is not valid UTF-8 text (it holds an unpaired surrogate)"
-        raise InvalidRequest(msg, param=param) from None
-    longest = max(encoded, key=len)
-    if len(longest) > NAME_MAX:
-        msg = (
-            f"the path component {_short(longest)} is {len(longest)} bytes long; a file or "
-            f"directory name may be at most {NAME_MAX} bytes"
-        )
-        raise InvalidRequest(msg, param=param)
-    total = len(DATA_MOUNT) + 1 + sum(len(e) + 1 for e in encoded) - 1
-    if total >= PATH_MAX:
-        msg = f"the path is {total} bytes long; a path may be at most {PATH_MAX - 1} bytes"
-        raise InvalidRequest(msg, param=param)
-
-
-def _short(name: bytes) -> str:
-    text = name.decode(errors="replace")
-    return repr(text if len(text) <= 40 else text[:40] + "...")
 
 
 # What a client's path can make the kernel answer; each is the client's to fix, never a 500.
@@ -485,11 +437,7 @@ def stat_file(root: Path, rel: str) -> os.stat_result | None:
     return st if stat.S_ISREG(st.st_mode) else None
 
 
-@dataclass(frozen=True)
-class Entry:
-    path: str
-    size: int
-    mtime_ns: int
+Entry = FileInfo  # a regular file found by ``scan``
 
 
 def scan(root: Path, limit: int = MAX_SCAN_ENTRIES) -> list[Entry]:

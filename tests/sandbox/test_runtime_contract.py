@@ -1,0 +1,249 @@
+"""The ``Runtime`` contract: what the service layer may rely on, whatever runs the sandboxes.
+
+Every method of ``shellbox.sandbox.base.Runtime`` is exercised here through the protocol
+alone (no driver attribute, no host path), once per driver: ``OciRuntime`` on crun and on
+runc (the ``oci`` fixture). A remote or Kubernetes runtime joins by adding its fixture.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from shellbox.errors import FileNotFound, InvalidRequest, PathOutsideWorkspace, PayloadTooLarge
+from shellbox.ids import new_id
+from shellbox.patch import parse_patch
+from shellbox.sandbox import (
+    CommandFinished,
+    CommandStarted,
+    ContainerSpec,
+    ExecRequest,
+    FileInfo,
+    OciRuntime,
+    OutputDelta,
+    Runtime,
+)
+
+
+@pytest.fixture
+def rt(oci: OciRuntime) -> Runtime:
+    return oci  # seen through the protocol only (mypy checks the driver is a Runtime)
+
+
+async def sh(rt: Runtime, cid: str, command: str) -> str:
+    [result] = await rt.run(cid, ExecRequest([command], 10_000, 100_000))
+    assert result.outcome.exit_code == 0, result.stderr
+    return result.stdout
+
+
+async def read_all(chunks: AsyncIterator[bytes]) -> bytes:
+    return b"".join([c async for c in chunks])
+
+
+async def body(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+# -- lifecycle ------------------------------------------------------------------------------
+
+
+async def test_lifecycle_create_start_stop_destroy(rt: Runtime) -> None:
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    try:
+        assert await rt.state(cid) == "absent"  # laid out, not started
+        assert cid in {i.id for i in await rt.list()}
+        await rt.start(cid)
+        assert await rt.state(cid) == "running"
+        assert await rt.responsive(cid)
+        await rt.write_file(cid, "kept.txt", [b"kept"])
+        await rt.stop(cid)
+        assert await rt.state(cid) == "absent"
+        assert not await rt.responsive(cid)
+        # A stopped container's files are still there, and it starts again with them.
+        assert await read_all(await rt.read_file(cid, "kept.txt")) == b"kept"
+        await rt.start(cid)
+        assert await sh(rt, cid, "cat /mnt/data/kept.txt") == "kept"
+    finally:
+        await rt.destroy(cid)
+    assert cid not in {i.id for i in await rt.list()}
+    await rt.destroy(cid)  # idempotent
+
+
+async def test_pause_freezes_and_resume_thaws(rt: Runtime, box: str) -> None:
+    await rt.pause(box)
+    assert await rt.state(box) == "paused"
+    await rt.resume(box)
+    assert await rt.state(box) == "running"
+    assert await sh(rt, box, "echo thawed") == "thawed\n"
+
+
+async def test_update_applies_env_to_the_next_command(rt: Runtime, box: str) -> None:
+    await rt.update(ContainerSpec(id=box, env={"CONTRACT_VAR": "updated"}))
+    assert await sh(rt, box, "echo $CONTRACT_VAR") == "updated\n"
+
+
+async def test_update_applies_a_smaller_disk_limit_at_once(rt: Runtime, box: str) -> None:
+    await rt.update(ContainerSpec(id=box, disk_limit_bytes=64 << 20))
+    [result] = await rt.run(
+        box,
+        ExecRequest(["head -c 100000000 /dev/zero > /mnt/data/big"], 30_000, 1000),
+    )
+    assert result.outcome.exit_code != 0
+    assert "quota" in result.stderr.lower() or "space" in result.stderr.lower()
+
+
+async def test_recover_adopts_a_running_container(rt: Runtime, box: str) -> None:
+    await sh(rt, box, "echo alive > /tmp/mark")
+    done = await rt.recover()
+    assert done[box] == "adopted"
+    assert await sh(rt, box, "cat /tmp/mark") == "alive\n"  # the same processes and /tmp
+
+
+async def test_describe_and_image_file(rt: Runtime) -> None:
+    info = rt.describe()
+    assert info.image_id.startswith(f"{info.image_profile}-")
+    assert info.cgroup in ("v2", "hybrid", "v1")
+    os_release = await rt.image_file("/etc/os-release")
+    assert os_release is not None and b"ID=" in os_release
+    assert await rt.image_file("/no/such/file") is None
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+async def test_exec_streams_events_and_run_collects_results(rt: Runtime, box: str) -> None:
+    events = [e async for e in rt.exec(box, ExecRequest(["echo out; echo err >&2"], 10_000, 100))]
+    assert isinstance(events[0], CommandStarted)
+    deltas = {(e.stream, e.text) for e in events if isinstance(e, OutputDelta)}
+    assert deltas == {("stdout", "out\n"), ("stderr", "err\n")}
+    assert isinstance(events[-1], CommandFinished) and events[-1].result.outcome.exit_code == 0
+    results = await rt.run(box, ExecRequest(["exit 4", "echo two"], 10_000, 100))
+    assert [r.outcome.exit_code for r in results] == [4, 0]
+
+
+# -- files ----------------------------------------------------------------------------------
+
+
+async def test_write_read_stat_list_remove(rt: Runtime, box: str) -> None:
+    where, size = await rt.write_file(box, "dir/sub/a.txt", body(b"hello ", b"world"))
+    assert (where, size) == ("dir/sub/a.txt", 11)
+    # Written as the sandbox user, visible inside at once.
+    assert await sh(rt, box, "stat -c '%u %g' /mnt/data/dir/sub/a.txt") == "1000 1000\n"
+    assert await sh(rt, box, "cat /mnt/data/dir/sub/a.txt") == "hello world"
+    assert await read_all(await rt.read_file(box, "dir/sub/a.txt")) == b"hello world"
+    info = await rt.stat_file(box, "dir/sub/a.txt")
+    assert info is not None and (info.path, info.size) == ("dir/sub/a.txt", 11)
+    assert await rt.stat_file(box, "dir/sub") is None  # a directory is not a file
+    await sh(rt, box, "echo made > /mnt/data/inside.txt")
+    listed = {f.path: f for f in await rt.list_files(box)}
+    assert set(listed) == {"dir/sub/a.txt", "inside.txt"}
+    assert listed["dir/sub/a.txt"] == info
+    assert isinstance(listed["inside.txt"], FileInfo) and listed["inside.txt"].size == 5
+    await rt.remove_file(box, "dir/sub/a.txt")
+    assert await rt.stat_file(box, "dir/sub/a.txt") is None
+    with pytest.raises(FileNotFound):
+        await rt.remove_file(box, "dir/sub/a.txt")
+    with pytest.raises(FileNotFound):
+        await rt.read_file(box, "dir/sub/a.txt")  # raised before any byte is streamed
+
+
+async def test_write_takes_a_sync_body_and_a_failing_body_leaves_nothing(
+    rt: Runtime, box: str
+) -> None:
+    def capped() -> Iterator[bytes]:
+        yield b"x" * 1000
+        raise PayloadTooLarge("too large", param="file")
+
+    with pytest.raises(PayloadTooLarge):
+        await rt.write_file(box, "new/half.bin", capped(), param="file")
+    assert await rt.list_files(box) == []
+    assert await sh(rt, box, "ls -A /mnt/data") == ""
+    assert await rt.write_file(box, "whole.bin", iter([b"ab", b"cd"])) == ("whole.bin", 4)
+
+
+async def test_links_are_refused_or_followed_only_inside(rt: Runtime, box: str) -> None:
+    await sh(
+        rt,
+        box,
+        "cd /mnt/data && echo real > real.txt && ln -s real.txt inside && "
+        "ln -s /etc/passwd outside && mkdir d && ln -s ../real.txt d/up",
+    )
+    with pytest.raises(InvalidRequest):  # not followed by default
+        await rt.read_file(box, "inside", param="file")
+    data = await read_all(await rt.read_file(box, "inside", follow_links=True))
+    assert data == b"real\n"
+    assert await rt.resolve_path(box, "d/up") == "real.txt"
+    assert await rt.resolve_path(box, "d/..") == ""
+    with pytest.raises(PathOutsideWorkspace) as caught:
+        await rt.read_file(box, "outside", follow_links=True, param="path")
+    assert caught.value.param == "path"
+    with pytest.raises(PathOutsideWorkspace):
+        await rt.resolve_path(box, "outside")
+    with pytest.raises(PathOutsideWorkspace):
+        await rt.write_file(box, "outside", [b"evil"], follow_links=True)
+    # Written through an inside link: the link's target changes, the link stays.
+    assert await rt.write_file(box, "inside", [b"new"], follow_links=True) == ("real.txt", 3)
+    assert await sh(rt, box, "readlink /mnt/data/inside; cat /mnt/data/real.txt") == (
+        "real.txt\nnew"
+    )
+    listed = {f.path for f in await rt.list_files(box)}
+    assert listed == {"real.txt"}  # links are not files
+
+
+async def test_apply_patch_is_all_or_nothing(rt: Runtime, box: str) -> None:
+    await rt.write_file(box, "code.py", [b"a = 1\nb = 2\n"])
+    ok = await rt.apply_patch(
+        box,
+        parse_patch(
+            "*** Begin Patch\n*** Update File: code.py\n@@\n a = 1\n-b = 2\n+b = 3\n"
+            "*** Add File: new.txt\n+fresh\n*** End Patch"
+        ),
+    )
+    assert ok.completed, ok.output
+    assert await sh(rt, box, "cat /mnt/data/code.py /mnt/data/new.txt") == "a = 1\nb = 3\nfresh"
+    assert await sh(rt, box, "stat -c %u /mnt/data/new.txt") == "1000\n"
+    failed = await rt.apply_patch(
+        box,
+        parse_patch(
+            "*** Begin Patch\n*** Add File: other.txt\n+x\n"
+            "*** Update File: missing.py\n@@\n-a\n+b\n*** End Patch"
+        ),
+    )
+    assert not failed.completed
+    assert "missing.py" in failed.output
+    assert await rt.stat_file(box, "other.txt") is None  # the first operation was not kept
+
+
+async def test_archives_round_trip_inside_the_sandbox(rt: Runtime, box: str) -> None:
+    await sh(rt, box, "mkdir -p /mnt/data/src/skip && echo one > /mnt/data/src/a.txt")
+    await sh(rt, box, "echo no > /mnt/data/src/skip/b.txt")
+    before = await sh(rt, box, "stat -c %Y /mnt/data")
+    exported = await read_all(await rt.export_archive(box, "src", ["./skip"], timeout_ms=30_000))
+    assert await sh(rt, box, "stat -c %Y /mnt/data") == before  # the tree is unchanged
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
+        names = tar.getnames()
+    assert "./a.txt" in names and not any("skip" in n for n in names)
+    size = await rt.import_archive(box, "copy/here", body(exported), timeout_ms=30_000)
+    assert size == len(exported)
+    assert await sh(rt, box, "cat /mnt/data/copy/here/a.txt") == "one\n"
+    assert {f.path for f in await rt.list_files(box)} == {
+        "src/a.txt",
+        "src/skip/b.txt",
+        "copy/here/a.txt",
+    }  # no temporary archive is left or listed
+    with pytest.raises(FileNotFound):
+        await rt.export_archive(box, "no/such/dir", [], timeout_ms=30_000)
+    with pytest.raises(InvalidRequest):
+        await rt.import_archive(box, "", body(b"not a tar" * 100), timeout_ms=30_000)
+
+
+async def test_sweep_uploads_keeps_the_sandbox_files(rt: Runtime, box: str) -> None:
+    # A file the sandbox made with the temporaries' prefix is the sandbox's, never swept.
+    await sh(rt, box, "echo mine > /mnt/data/.shellbox-upload-000000000000-1")
+    assert await rt.sweep_uploads(box) == 0
+    assert await sh(rt, box, "cat /mnt/data/.shellbox-upload-000000000000-1") == "mine\n"

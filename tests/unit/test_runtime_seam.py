@@ -1,0 +1,75 @@
+"""The ``Runtime`` protocol is the only way from the service layer to a sandbox: no module
+above ``sandbox/`` imports a driver or its host-side helpers (``OciRuntime``, the data
+directory walk, the agent's client), and the runtime contract suite calls every method of
+the protocol."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from shellbox.sandbox.base import Runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "shellbox"
+# The service layer and the features it drives (the CLI and the composition root's factory,
+# ``sandbox.create_runtime``, may name the driver).
+ABOVE_THE_SEAM = [
+    SRC / "services.py",
+    SRC / "app.py",
+    *(SRC / "service").glob("*.py"),
+    *(SRC / "skills").glob("*.py"),
+    *(SRC / "responses").glob("*.py"),
+    *(SRC / "egress").glob("*.py"),
+    *(SRC / "api").rglob("*.py"),
+]
+DRIVER_SIDE = {
+    "shellbox.sandbox.crun",
+    "shellbox.sandbox.datafs",
+    "shellbox.sandbox.host_files",
+    "shellbox.sandbox.patch_files",
+    "shellbox.sandbox.storage",
+    "shellbox.sandbox.cgroups",
+    "shellbox.agent.client",
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """Modules (and ``module.name`` for ``from module import name``) a file imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_nothing_above_the_seam_reaches_a_driver() -> None:
+    wrong = []
+    for path in sorted(ABOVE_THE_SEAM):
+        imported = _imports(path)
+        bad = {m for m in imported if m in DRIVER_SIDE or m.endswith(".OciRuntime")}
+        if bad:
+            wrong.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_contract_suite_calls_every_runtime_method() -> None:
+    methods = {
+        name
+        for name, member in inspect.getmembers(Runtime)
+        if not name.startswith("_") and callable(member)
+    }
+    suite = ROOT / "tests" / "sandbox" / "test_runtime_contract.py"
+    called = {
+        node.attr
+        for node in ast.walk(ast.parse(suite.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "rt"
+    }
+    assert methods - called == set()
+    assert len(methods) >= 25  # lifecycle, commands and files

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import tempfile
@@ -18,10 +19,26 @@ from typing import Any
 import httpx
 
 HERE = Path(__file__).resolve().parent
-UP_NS = "sbtest-up1"
-UP_HOST_IF = "sbtu1"
-UP_HOST_IP = "10.201.0.1"  # this host's end of the upstream's veth
-UP_IP = "10.201.0.2"
+
+
+def _free_block() -> int:
+    """A /30 in 10.201.0.0/16 that no interface of this host holds, chosen from this process's
+    pid: two test runs on one machine (CI and a developer, or parallel worktrees) must not
+    share the upstream's namespace, interface or addresses, or one answers the other's
+    requests (and tears its namespace down)."""
+    held = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    for step in range(16384):
+        block = (os.getpid() + step) % 16384
+        if f" 10.201.{block // 64}.{(block % 64) * 4 + 1}/" not in held:
+            return block
+    raise RuntimeError("no free /30 left in 10.201.0.0/16 for the egress tests' upstream")
+
+
+_BLOCK = _free_block()
+UP_NS = f"sbtest-up{_BLOCK}"
+UP_HOST_IF = f"sbtu{_BLOCK}"  # at most 9 characters: interface names stop at 15
+UP_HOST_IP = f"10.201.{_BLOCK // 64}.{(_BLOCK % 64) * 4 + 1}"  # this host's end of the veth
+UP_IP = f"10.201.{_BLOCK // 64}.{(_BLOCK % 64) * 4 + 2}"
 NAMES = [
     "api.example.test",
     "other.example.test",

@@ -357,7 +357,7 @@ class Cgroups:
             f"{CGROUP_ROOT}/pids/cmds/cgroup.procs",
             f"{CGROUP_ROOT}/memory/cmds/cgroup.procs",
         ]
-        if self.cpu_cmds:  # last: see ``home_files``
+        if self.cpu_cmds:
             files.append(f"{CGROUP_ROOT}/cpu/cmds/cgroup.procs")
         return files
 
@@ -367,9 +367,7 @@ class Cgroups:
             return []
         if self.v2:
             return [CGROUP_ROOT + "/agent/cgroup.procs"]
-        # cpu first: every move takes the global cgroup_mutex, which the agent must not hold
-        # while it weighs as little as a command (``task_files`` joins cpu last, likewise).
-        ctls = ("cpu", *DELEGATED_V1) if self.cpu_cmds else DELEGATED_V1
+        ctls = ("freezer", "pids", "memory", "cpu") if self.cpu_cmds else DELEGATED_V1
         return [f"{CGROUP_ROOT}/{ctl}/cgroup.procs" for ctl in ctls]
 
     def pids_used(self) -> int:

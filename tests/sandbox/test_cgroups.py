@@ -130,16 +130,13 @@ async def test_the_sandbox_user_cannot_raise_a_limit_or_leave_its_cgroup(
 ) -> None:
     if runtime.cgroups.mode is CgroupMode.v2:
         limits = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cmds/memory.max",
-                  "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cmds/pids.max",
-                  "/sys/fs/cgroup/cmds/cpu.weight"]  # fmt: skip
+                  "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/cmds/pids.max"]  # fmt: skip
         homes = ["/sys/fs/cgroup/agent/cgroup.procs", "/sys/fs/cgroup/cgroup.procs"]
     else:
         limits = ["/sys/fs/cgroup/memory/memory.limit_in_bytes",
                   "/sys/fs/cgroup/memory/cmds/memory.limit_in_bytes",
-                  "/sys/fs/cgroup/pids/cmds/pids.max",
-                  "/sys/fs/cgroup/cpu/cmds/cpu.shares"]  # fmt: skip
-        homes = ["/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs",
-                 "/sys/fs/cgroup/cpu/cgroup.procs"]  # fmt: skip
+                  "/sys/fs/cgroup/pids/cmds/pids.max"]  # fmt: skip
+        homes = ["/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs"]
     tries = [f"echo max > {p} && echo RAISED {p}" for p in limits]
     tries += [f"echo $$ > {p} && echo MOVED {p}" for p in homes]
     r = await run1(runtime, container, "; ".join(tries))

@@ -1,16 +1,12 @@
 """CPU (and, where the disk's scheduler has them, I/O) weights: tenants together weigh less
-than the server, every container the same, and in each the agent more than its commands."""
+than the server, and every container the same."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox_helpers import run1
-
 from shellbox.sandbox import OciRuntime
 from shellbox.sandbox.cgroups import (
-    COMMANDS_CPU_SHARES,
-    COMMANDS_CPU_WEIGHT,
     CONTAINER_CPU_SHARES,
     CONTAINER_CPU_WEIGHT,
     PARENT_CPU_SHARES,
@@ -46,33 +42,3 @@ def test_containers_weigh_less_than_the_server_and_the_same_as_each_other(
         for path in (cg.root / "blkio" / "shellbox" / container / io, parent / container / io):
             if path.exists():
                 assert path.read_text().split()[-1] == "100", path
-
-
-async def test_the_agent_weighs_more_than_its_commands(runtime: OciRuntime, container: str) -> None:
-    """Inside a container the commands share a cpu cgroup weighing an eighth of the agent:
-    whatever they run, the agent answers, kills and reaps ahead of them."""
-    cg = runtime.cgroups
-    r = await run1(runtime, container, "cat /proc/self/cgroup; sleep 0.3; cat /proc/1/cgroup")
-    lines = r.stdout.splitlines()
-    half = len(lines) // 2
-    mine, agent = _cpu_path(lines[:half]), _cpu_path(lines[half:])
-    if cg.mode is CgroupMode.v2:
-        top = cg.root / "shellbox" / container
-        assert "cpu" in (top / "cgroup.subtree_control").read_text().split()
-        assert int((top / "cmds" / "cpu.weight").read_text()) == COMMANDS_CPU_WEIGHT
-        assert int((top / "agent" / "cpu.weight").read_text()) == 100
-        assert mine.startswith("/cmds/") and agent == "/agent", (mine, agent)
-        return
-    top = cg.root / "cpu" / "shellbox" / container
-    assert int((top / "cmds" / "cpu.shares").read_text()) == COMMANDS_CPU_SHARES
-    assert (mine, agent) == ("/cmds", "/")
-    # The weight is root's: the container's root cannot raise it.
-    assert (top / "cmds" / "cpu.shares").stat().st_uid == 0
-
-
-def _cpu_path(lines: list[str]) -> str:
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if not controllers or "cpu" in controllers.split(","):
-            return path
-    raise AssertionError(lines)

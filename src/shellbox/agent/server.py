@@ -83,10 +83,6 @@ else:
 CGROUP_ROOT = "/sys/fs/cgroup"
 AGENT_MEMORY_RESERVE = 48 * 1024 * 1024  # the commands' memory limit sits this far below ours
 AGENT_PIDS_RESERVE = 16  # processes kept free for the agent and its spare
-# The commands' CPU weight on v2, against the agent's 100 (v1: the host sets cpu/cmds): the
-# agent keeps CPU ahead of whatever its commands run (``sandbox/cgroups.py``).
-COMMANDS_CPU_WEIGHT = 12
-DELEGATED_V1 = ("freezer", "pids", "memory")
 READ_CHUNK = 65536
 MAX_FD = 65536
 # A cgroup move within this long of the previous one is cheap (no RCU grace period to wait
@@ -274,7 +270,6 @@ class Cgroups:
         self.pids_limit = 0
         self.cmds_pids_limit = 0  # what all commands together may hold; 0: no limit
         self._counter = 0
-        self.cpu_cmds = False  # v1: commands join the host-made cpu/cmds, below the agent
         self._free: list[str] = []  # empty, thawed command cgroups, for the next commands
         self._suspect: set[str] = set()  # a kill failed midway: maybe frozen, never reused
         try:
@@ -290,7 +285,6 @@ class Cgroups:
             _mkdir(root + "/agent")
             write_file(root + "/agent/cgroup.procs", str(posix.getpid()))
             write_file(root + "/cgroup.subtree_control", "+pids +memory")
-            self._commands_cpu_v2()
             # cmds holds the commands' pids and memory; its cmd-N leaves need no controller
             # (cgroup.kill and cgroup.freeze are core). With pids enabled in them, a fork
             # refused at cmds' limit would be counted in the leaf's pids.events, not cmds'
@@ -304,7 +298,6 @@ class Cgroups:
                     raise OSError(errno.ENOENT, f"no {ctl} controller mounted")
             _mkdir(root + "/memory/cmds")
             _mkdir(root + "/pids/cmds")
-            self.cpu_cmds = _exists(root + "/cpu/cmds/cgroup.procs")
             mem, pids = root + "/memory/memory.limit_in_bytes", root + "/pids/pids.max"
             cmds_mem = root + "/memory/cmds/memory.limit_in_bytes"
             cmds_pids = root + "/pids/cmds/pids.max"
@@ -317,19 +310,6 @@ class Cgroups:
             self.pids_limit = int(raw)
             self.cmds_pids_limit = max(self.pids_limit - AGENT_PIDS_RESERVE, 8)
             write_file(cmds_pids, str(self.cmds_pids_limit))
-
-    def _commands_cpu_v2(self) -> None:
-        """Weigh the commands' ``cmds`` below the agent's leaf (COMMANDS_CPU_WEIGHT), where
-        the host lets the container have the cpu controller."""
-        root = CGROUP_ROOT
-        try:
-            if "cpu" not in read_file(root + "/cgroup.controllers").split():
-                return
-            write_file(root + "/cgroup.subtree_control", "+cpu")
-            _mkdir(root + "/cmds")
-            write_file(root + "/cmds/cpu.weight", str(COMMANDS_CPU_WEIGHT))
-        except OSError as exc:  # the commands then weigh as much as the agent
-            log(f"could not weigh the commands' CPU below the agent's: {exc}")
 
     def new_group(self) -> str:
         """The cgroup for one command, from the pool or made now; returns its name."""
@@ -352,14 +332,11 @@ class Cgroups:
             return []
         if self.v2:
             return [f"{CGROUP_ROOT}/cmds/{name}/cgroup.procs"]
-        files = [
+        return [
             f"{CGROUP_ROOT}/freezer/{name}/cgroup.procs",
             f"{CGROUP_ROOT}/pids/cmds/cgroup.procs",
             f"{CGROUP_ROOT}/memory/cmds/cgroup.procs",
         ]
-        if self.cpu_cmds:
-            files.append(f"{CGROUP_ROOT}/cpu/cmds/cgroup.procs")
-        return files
 
     def home_files(self) -> list[str]:
         """Files the agent writes its pid to, to go back to its own cgroups."""
@@ -367,8 +344,7 @@ class Cgroups:
             return []
         if self.v2:
             return [CGROUP_ROOT + "/agent/cgroup.procs"]
-        ctls = ("freezer", "pids", "memory", "cpu") if self.cpu_cmds else DELEGATED_V1
-        return [f"{CGROUP_ROOT}/{ctl}/cgroup.procs" for ctl in ctls]
+        return [f"{CGROUP_ROOT}/{ctl}/cgroup.procs" for ctl in ("freezer", "pids", "memory")]
 
     def pids_used(self) -> int:
         """Processes (tasks) all commands, running or finished, hold now."""

@@ -38,10 +38,6 @@ V2_DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads"
 # or, on v2, with io.cost (``io.weight``), and are written where the files exist.
 PARENT_CPU_SHARES, CONTAINER_CPU_SHARES = 512, 1024
 PARENT_CPU_WEIGHT, CONTAINER_CPU_WEIGHT = 50, 100
-# Inside a container the agent keeps CPU ahead of the commands: they run in ``cmds`` (v1 made
-# here, v2 by the agent), which weighs an eighth of the agent, a single task of weight 1024
-# (100). A fork bomb or spinners then cannot delay the agent's answers, kills and reaping.
-COMMANDS_CPU_SHARES, COMMANDS_CPU_WEIGHT = 128, 12
 PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT = 50, 100
 
 
@@ -147,21 +143,6 @@ class HostCgroups:
             for name in ("cgroup.procs", "tasks"):
                 os.chown(path / name, owner_uid, owner_uid)
         self.set_weights(container_id)
-        self._commands_cpu_v1(container_id, owner_uid)
-
-    def _commands_cpu_v1(self, container_id: str, owner_uid: int) -> None:
-        """The commands' ``cpu/.../cmds`` (see COMMANDS_CPU_SHARES): its weight root's, its
-        ``cgroup.procs`` and the container's the agent's, which moves commands (and itself,
-        for a spawn, and back) between them."""
-        top = self.root / "cpu" / PARENT / container_id
-        if not top.is_dir():
-            return  # no cpu hierarchy here
-        cmds = top / "cmds"
-        cmds.mkdir(exist_ok=True)
-        _write_weight(cmds / "cpu.shares", COMMANDS_CPU_SHARES)
-        for path in (top, cmds):
-            for name in ("cgroup.procs", "tasks"):
-                os.chown(path / name, owner_uid, owner_uid)
 
     def set_weights(self, container_id: str) -> None:
         """The CPU and I/O weights of ``shellbox/`` and of the container (see the constants)."""

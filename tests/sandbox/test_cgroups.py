@@ -7,7 +7,9 @@ was booted for, so the v2 lane can never pass by running on something else.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 
 from sandbox_helpers import run1
@@ -58,8 +60,14 @@ def _own_cgroups(text: str) -> dict[str, str]:
 async def test_each_command_runs_in_its_own_cgroup_apart_from_the_agent(
     runtime: OciRuntime, container: str
 ) -> None:
-    one = _own_cgroups((await run1(runtime, container, "cat /proc/self/cgroup")).stdout)
-    two = _own_cgroups((await run1(runtime, container, "cat /proc/self/cgroup")).stdout)
+    # Two commands at once (two calls): each in a cgroup of its own.
+    both = "cat /proc/self/cgroup; sleep 0.5"
+    one, two = (
+        _own_cgroups(r.stdout)
+        for r in await asyncio.gather(
+            run1(runtime, container, both), run1(runtime, container, both)
+        )
+    )
     # The agent steps into a command's cgroups for the moment of its spawn: look a bit later.
     agent = _own_cgroups((await run1(runtime, container, "sleep 0.3; cat /proc/1/cgroup")).stdout)
     if runtime.cgroups.mode is CgroupMode.v2:
@@ -71,6 +79,50 @@ async def test_each_command_runs_in_its_own_cgroup_apart_from_the_agent(
     assert one["freezer"].startswith("/cmd-") and one["freezer"] != two["freezer"]
     assert one["pids"] == one["memory"] == "/cmds"
     assert agent["freezer"] == agent["pids"] == agent["memory"] == "/"
+
+
+def _command_cgroup(text: str) -> str:
+    groups = _own_cgroups("\n".join(line for line in text.splitlines() if line.count(":") >= 2))
+    return groups.get("freezer", groups.get("", ""))
+
+
+async def test_command_cgroups_are_reused_not_made_for_each_command(
+    runtime: OciRuntime, container: str
+) -> None:
+    """mkdir and rmdir of a cgroup wait for the kernel's global cgroup_mutex, which every
+    container's cgroup work contends for: commands one after the other reuse a few cgroups."""
+    seen = [
+        _command_cgroup((await run1(runtime, container, "cat /proc/self/cgroup")).stdout)
+        for _ in range(8)
+    ]
+    assert all("cmd-" in g for g in seen), seen
+    assert len(set(seen)) <= 2, seen  # the spare's and the one a burst spawns into
+
+
+async def test_a_cgroup_whose_command_was_killed_is_reused_empty_and_thawed(
+    runtime: OciRuntime, container: str
+) -> None:
+    """A timeout freezes and kills a command's whole cgroup (escapers included); the cgroup
+    then serves a later command, which runs, unfrozen, with nothing of the killed one left."""
+    killed = await run1(
+        runtime,
+        container,
+        "cat /proc/self/cgroup; (setsid sleep 300 &); sleep 300 & sleep 300",
+        timeout_ms=500,
+    )
+    assert killed.outcome.type == "timeout", killed
+    group = _command_cgroup(killed.stdout)
+    deadline = time.monotonic() + 15  # a kill on v2 is asynchronous: the agent sweeps later
+    while True:
+        r = await run1(
+            runtime, container, "cat /proc/self/cgroup; pgrep -c sleep || true", timeout_ms=5000
+        )
+        assert r.outcome.exit_code == 0, r
+        if _command_cgroup(r.stdout) == group:
+            break
+        assert time.monotonic() < deadline, f"{group} was never reused"
+        await asyncio.sleep(0.3)
+    assert r.stdout.splitlines()[-1] == "0", r  # no sleep of the killed command survives
 
 
 async def test_the_sandbox_user_cannot_raise_a_limit_or_leave_its_cgroup(

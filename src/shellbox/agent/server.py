@@ -89,6 +89,9 @@ MAX_FD = 65536
 # for): commands then start by posix_spawn directly; after a quiet spell, from the spare.
 LEFTOVER_KILL_WAIT_S = 1.0  # at most, for killed leftovers to exit and be reaped
 BURST_WINDOW_S = 0.02
+# Empty command cgroups kept for the next commands (see ``Cgroups.release``): a spare's, a
+# running command's and a burst's few fit.
+CGROUP_POOL_SIZE = 4
 
 try:
     import _json
@@ -250,6 +253,14 @@ class Cgroups:
     cgroup v1: ``freezer/cmd-N`` per command; ``pids/cmds`` and ``memory/cmds`` shared by all
     commands. cgroup v2: the agent in ``agent/``, commands in ``cmds/cmd-N`` with ``cmds``
     holding the shared pids and memory limits.
+
+    A command's cgroup is its own while anything of it lives, then goes back to a small pool
+    for a later command (``release``) instead of being removed: ``mkdir`` and ``rmdir`` of a
+    cgroup take the kernel's one global ``cgroup_mutex`` (and, on v1, the freezer's global
+    mutex), which every container's cgroup work on the host contends for, so a neighbour's
+    churn would otherwise stall this container's every call. A cgroup is reused only when
+    empty and thawed; every counter a command's outcome is read from (the OOM kills, the pids
+    limit) belongs to the shared ``cmds``, which no command's cgroup changes.
     """
 
     def __init__(self) -> None:
@@ -259,6 +270,8 @@ class Cgroups:
         self.pids_limit = 0
         self.cmds_pids_limit = 0  # what all commands together may hold; 0: no limit
         self._counter = 0
+        self._free: list[str] = []  # empty, thawed command cgroups, for the next commands
+        self._suspect: set[str] = set()  # a kill failed midway: maybe frozen, never reused
         try:
             self._setup()
         except OSError as exc:  # no delegated cgroups: fall back to process-group kills
@@ -299,7 +312,9 @@ class Cgroups:
             write_file(cmds_pids, str(self.cmds_pids_limit))
 
     def new_group(self) -> str:
-        """Create the cgroup for one command; returns its name."""
+        """The cgroup for one command, from the pool or made now; returns its name."""
+        if self._free:
+            return self._free.pop()
         self._counter += 1
         name = f"cmd-{self._counter}"
         if self.available:
@@ -369,6 +384,13 @@ class Cgroups:
         if not self.available:
             _kill_quietly(-fallback_pgid)
             return
+        try:
+            self._kill(name)
+        except OSError:
+            self._suspect.add(name)
+            raise
+
+    def _kill(self, name: str) -> None:
         if self.v2:
             group = f"{CGROUP_ROOT}/cmds/{name}"
             if _exists(group + "/cgroup.kill"):  # Linux 5.14+: the kernel kills the tree
@@ -380,16 +402,35 @@ class Cgroups:
             f"{CGROUP_ROOT}/freezer/{name}", "freezer.state", ("FROZEN", "THAWED"), _v1_frozen
         )
 
-    def remove(self, name: str) -> bool:
-        """Remove a command's cgroup once nothing lives in it; False if still in use."""
+    def release(self, name: str) -> bool:
+        """Give a command's cgroup back once nothing lives in it: to the pool, or removed when
+        the pool is full or a kill failed in it; False while something still lives there.
+
+        Nothing can enter an empty command cgroup but the agent (its ``cgroup.procs`` is
+        root's), and an empty one gains no process by fork: empty now is empty at reuse. A
+        cgroup is frozen only inside ``kill``, which thaws it before it returns; one whose
+        kill failed midway is never reused.
+        """
         if not self.available:
+            return True
+        try:
+            if read_file(self._group_dir(name) + "/cgroup.procs").strip():
+                return False
+        except FileNotFoundError:
+            self._suspect.discard(name)
+            return True
+        except OSError:
+            return False
+        if name not in self._suspect and len(self._free) < CGROUP_POOL_SIZE:
+            self._free.append(name)
             return True
         try:
             posix.rmdir(self._group_dir(name))
         except FileNotFoundError:
-            return True
+            pass
         except OSError:
             return False
+        self._suspect.discard(name)
         return True
 
 
@@ -435,10 +476,17 @@ class Spare:
         cg = agent.cgroups
         self.group = cg.new_group()
         task_files = cg.task_files(self.group)
-        ctl_r, ctl_w = posix.pipe()
-        out_r, out_w = posix.pipe()
-        err_r, err_w = posix.pipe()
-        pid = posix.fork()
+        fds: list[int] = []
+        try:
+            for _ in range(3):
+                fds.extend(posix.pipe())
+            ctl_r, ctl_w, out_r, out_w, err_r, err_w = fds
+            pid = posix.fork()
+        except OSError:
+            for fd in fds:
+                posix.close(fd)
+            cg.release(self.group)  # nothing joined it: back to the pool
+            raise
         if pid == 0:  # pragma: no cover - the child never returns
             _spare_main(ctl_r, out_w, err_w, task_files)
         for fd in (ctl_r, out_w, err_w):
@@ -1066,6 +1114,7 @@ class Agent:
         ]
         me = str(posix.getpid())
         moved = False
+        pid = -1
         try:
             moved = True
             for path in cg.task_files(group):
@@ -1106,6 +1155,8 @@ class Agent:
                     except OSError as exc:
                         log(f"could not move back to {path}: {exc}")
                 self.last_move = time.monotonic()
+            if pid < 0:  # the spawn failed: nothing is in the command's cgroup
+                cg.release(group)
             posix.chdir("/")
             for fd in (null, out_w, err_w, mfd):
                 if fd >= 0:
@@ -1165,7 +1216,7 @@ class Agent:
             log(notes[-1].rstrip())
         if notes:
             self.await_leftovers_gone(bound)
-        self.retired = [g for g in self.retired if not cg.remove(g)]
+        self.retired = [g for g in self.retired if not cg.release(g)]
         return notes
 
     def await_leftovers_gone(self, bound: int) -> None:
@@ -1181,7 +1232,7 @@ class Agent:
             time.sleep(0.005)
 
     def retire_group(self, name: str) -> None:
-        if not self.cgroups.remove(name):
+        if not self.cgroups.release(name):
             self.retired.append(name)
 
     def on_accept(self, _events: int) -> None:
@@ -1258,7 +1309,7 @@ class Agent:
                 self.make_spare()
             if now - last_sweep > 5 and self.retired:
                 last_sweep = now
-                self.retired = [g for g in self.retired if not self.cgroups.remove(g)]
+                self.retired = [g for g in self.retired if not self.cgroups.release(g)]
                 self.limit_leftovers()
 
 

@@ -36,7 +36,7 @@ GUEST_DEBS=(linux-image-cloud-amd64 initramfs-tools systemd-sysv udev openssh-se
 MIRRORS=("deb http://deb.debian.org/debian bookworm main"
   "deb http://deb.debian.org/debian bookworm-updates main"
   "deb http://deb.debian.org/debian-security bookworm-security main")
-# Selected explicitly. Left out, and why: test_full_image.py (the `full` image: minutes of
+# Selected explicitly. Left out, and why: test_default_image.py (the `default` image: minutes of
 # emulated build for nothing cgroup-specific), test_image_builder.py (runs mmdebstrap: host
 # work, not cgroups), test_output_memory.py (pipes 1 GB through the agent: longer than its
 # 120 s timeout under emulation; capture memory is the agent's own, on any layout), and the

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sandbox_helpers import IMAGE_DIR, REPO
+from sandbox_helpers import IMAGE_DIR, REPO, TIME_SCALE
 
 from shellbox.sandbox import OciRuntime, hostns
 
@@ -118,3 +118,76 @@ def test_the_cgroup2_stand_in_has_room_for_every_container_the_host_may_hold(
     if mode != "hybrid":  # no stand-in: crun writes to the real cgroup2 or v1 hierarchies
         return
     assert int(size) >= int(count) * 4096 and int(inodes) >= int(count) * 2, out.stdout
+
+
+SHARED_IMAGES = textwrap.dedent(
+    """
+    import asyncio, ctypes, os, sys
+    from pathlib import Path
+    from shellbox.sandbox import ContainerSpec, ExecRequest, create_runtime, idmap
+    from shellbox.settings import Settings
+
+    MS_BIND, MS_REC, MS_PRIVATE, MS_SHARED = 0x1000, 0x4000, 1 << 18, 1 << 20
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(ret, what):
+        if ret:
+            raise OSError(ctypes.get_errno(), what)
+
+    state, images, shared, n = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    # This test's own namespace (the host's mounts stay as they are), where the image
+    # directory is a shared mount of its own: a systemd host with the image on another
+    # filesystem than the state directory (the v2 guest's work disk).
+    check(libc.unshare(0x20000), "unshare")
+    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    check(libc.mount(images.encode(), shared.encode(), None, MS_BIND, None), "bind")
+    check(libc.mount(None, shared.encode(), None, MS_SHARED, None), "make it shared")
+
+    async def main() -> None:
+        rt = create_runtime(Settings(state_dir=state, runtime={"image_dir": shared}))
+        ids = [f"shared-{i}" for i in range(n)]
+
+        async def one(cid: str) -> None:
+            await rt.create(ContainerSpec(id=cid))
+            await rt.start(cid)
+
+        try:
+            starts = await asyncio.gather(*(one(c) for c in ids), return_exceptions=True)
+            print("starts:", [type(e).__name__ + ": " + str(e) for e in starts if e] or "ok")
+            outs = await asyncio.gather(
+                *(rt.run(c, ExecRequest(["echo ok"], 20_000, 100)) for c in ids)
+            )
+            print("runs:", "ok" if all(r[0].stdout == "ok\\n" for r in outs) else outs)
+            # The id-mapped image is private: what is mounted on it (the overlay) does not
+            # propagate back onto the image in the source's peers.
+            target = state / "target"
+            target.mkdir()
+            idmap.mount_image(str(rt.image_rootfs), str(target), 0x7000_0000)
+            check(libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, None), "tmpfs")
+            print("image covered:", os.path.ismount(rt.image_rootfs))
+        finally:
+            for cid in ids:
+                await rt.destroy(cid)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_starts_at_once_with_the_image_on_a_shared_mount_of_its_own(
+    host_state_dir: Path, tmp_path: Path
+) -> None:
+    """The id-mapped image each start mounts is a clone of the image's mount: left in that
+    mount's peer group, the overlay mounted on it was propagated back onto the image itself
+    (in every namespace holding a peer, the host's too), so that the next start's clone of
+    the image was that overlay and could not be id-mapped ("Invalid argument" on Debian 12's
+    systemd host, where mounts are shared and the image was on a disk of its own)."""
+    shared = tmp_path / "images"
+    shared.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", SHARED_IMAGES, str(host_state_dir), str(IMAGE_DIR.resolve()),
+         str(shared), "3"],
+        capture_output=True, text=True, cwd=REPO, timeout=120 * TIME_SCALE,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["starts: ok", "runs: ok", "image covered: False"]

@@ -59,6 +59,7 @@ OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 MOVE_MOUNT_F_EMPTY_PATH = 4
 MOUNT_ATTR_IDMAP = 0x0010_0000
+MS_PRIVATE = 1 << 18
 _STACK = ctypes.create_string_buffer(16384)  # the helper's stack: it only ever calls pause
 _stack_lock = threading.Lock()
 
@@ -104,7 +105,15 @@ def userns_fd(inside: int, outside: int, count: int) -> int:
 
 
 def mount_idmapped(source: str, target: str, ns_fd: int) -> None:
-    """Bind ``source`` onto ``target`` with the owners shifted as ``ns_fd``'s maps say."""
+    """Bind ``source`` onto ``target`` with the owners shifted as ``ns_fd``'s maps say.
+
+    The bind is made private in the same call. ``open_tree`` clones ``source``'s mount into
+    its peer group; left there, whatever is later mounted on ``target`` (the overlay root)
+    propagates back onto ``source`` itself in every namespace holding a peer: the host's
+    too, wherever the image's filesystem is a shared mount (systemd makes every mount
+    shared). The next start's clone of ``source`` is then that overlay, which cannot be
+    id-mapped ("Invalid argument"), and meanwhile one container's root lies on the image.
+    """
     fd = _libc.syscall(
         SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC
     )
@@ -112,7 +121,7 @@ def mount_idmapped(source: str, target: str, ns_fd: int) -> None:
         msg = f"open_tree {source}"
         raise _fail(msg)
     try:
-        attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, ns_fd)
+        attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, MS_PRIVATE, ns_fd)
         size = ctypes.sizeof(attr)
         if _libc.syscall(SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH, ctypes.byref(attr), size):
             msg = f"id-map the mount of {source}"

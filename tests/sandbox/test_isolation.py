@@ -293,7 +293,16 @@ async def test_a_detached_fork_bomb_is_contained_and_destroy_removes_it(
             # more than half of it once its command has returned, it is killed (README).
             bomb = await run1(runtime, cid, ":(){ :|:& };:", timeout_ms=int(5000 * TIME_SCALE))
             assert bomb.outcome.type == "exit"
-            await asyncio.sleep(1.0 * TIME_SCALE)
+            # The rule is about a bomb that holds more than half of the limit: wait until this
+            # one does (a loaded or emulated machine grows it slowly), not a fixed time.
+            procs = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.current"
+            deadline = time.monotonic() + 30 * TIME_SCALE
+            while (
+                "killed the" not in bomb.stderr  # (killed already, as its command returned)
+                and int(procs.read_text()) <= BOMB_PIDS_LIMIT // 2
+                and time.monotonic() < deadline
+            ):
+                await asyncio.sleep(0.05)
             # The agent kept its reserve of processes throughout, and the next call runs.
             r = await run1(runtime, cid, "echo alive", timeout_ms=int(5000 * TIME_SCALE))
             assert r.stdout == "alive\n"
@@ -302,7 +311,6 @@ async def test_a_detached_fork_bomb_is_contained_and_destroy_removes_it(
             assert killed is not None, (bomb, r)
             assert int(killed.group(1)) > BOMB_PIDS_LIMIT // 2 or _pids_max_hits(runtime, cid) > 0
         assert max(probe.latencies) < 1.0 * TIME_SCALE, max(probe.latencies)
-        procs = runtime.cgroups.container_dir(cid, "pids") / "cmds" / "pids.current"
         assert int(procs.read_text()) < 20
     finally:
         await runtime.destroy(cid)

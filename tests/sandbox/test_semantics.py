@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from sandbox_helpers import host_pids, run1, wait_gone
+from sandbox_helpers import TIME_SCALE, host_pids, run1, wait_gone
 
 from shellbox.agent.protocol import MAX_COMMAND_BYTES
 from shellbox.errors import InvalidRequest
@@ -104,13 +104,15 @@ async def test_timeout_keeps_partial_output_and_kills_escapers(
         "sleep 0.3; echo late; sleep 100"
     )
     t = time.monotonic()
-    [r] = await oci.run(box, ExecRequest([command], 1500, 1000))
+    # 1.5 s, times TIME_SCALE in an emulated guest, where starting two setsid children
+    # before ``echo late`` can take longer than the unscaled timeout.
+    [r] = await oci.run(box, ExecRequest([command], int(1500 * TIME_SCALE), 1000))
     elapsed = time.monotonic() - t
     assert r.outcome.type == "timeout"
     assert r.outcome.to_wire() == {"type": "timeout"}
     assert r.stdout == "partial\nlate\n"
     assert r.stderr == "to-stderr\n"
-    assert elapsed < 5
+    assert elapsed < 5 * TIME_SCALE
     assert await wait_gone(f"sleep {marker}") == []  # checked on the host
     assert (await run1(oci, box, "echo next")).stdout == "next\n"
 

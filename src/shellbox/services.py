@@ -18,6 +18,7 @@ from shellbox.service.files import FileService
 from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.shell import ShellLimits
+from shellbox.service.snapshots import SnapshotService
 from shellbox.settings import Settings
 from shellbox.store import Database, Stores, create_database, create_stores
 
@@ -33,6 +34,7 @@ class Services:
     files: FileService
     calls: CallService
     limits: ShellLimits
+    snapshots: SnapshotService
     extras: dict[str, Any] = field(default_factory=dict)  # feature name -> its service
     closers: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
@@ -43,6 +45,7 @@ class Services:
             if start is not None:
                 await start()
         await self.containers.recover()
+        await self.snapshots.sweep()
         self.files.start()
         self.containers.start_reaper()
 
@@ -62,10 +65,13 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
-    containers = ContainerService(settings, stores.containers, runtime)
+    containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
     files = FileService(settings, stores.files, stores.container_files, containers)
     calls = CallService(containers, files, limits)
-    services = Services(settings, db, stores, runtime, keys, containers, files, calls, limits)
+    snapshots = SnapshotService(stores.snapshots, containers)
+    services = Services(
+        settings, db, stores, runtime, keys, containers, files, calls, limits, snapshots
+    )
     idempotency = IdempotencyService(
         stores.idempotency,
         settings.lifecycle.idempotency_ttl_s,

@@ -30,7 +30,7 @@ ERRORS = {
     "404": "No such object in the caller's project, or no such route",
     "409": "A conflict: the container has expired, or the Idempotency-Key is in use or was cut off",
     "413": "The body or upload is larger than this server's limit",
-    "429": "A per-project quota (containers, memory) is used up",
+    "429": "A per-project quota (containers, memory, snapshots) is used up",
     "500": "The server or the sandbox failed (logged with the request id)",
 }
 UPSTREAM_ERRORS = {"502": "The upstream model failed or could not be reached"}
@@ -116,6 +116,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body={JSON: {"schema": {"$ref": REF.format(model="CallItem")}}},
         idempotent=True,
     ),
+    ("post", _C + "/{container_id}/pause"): Operation(_json(schemas.Container)),
+    ("post", _C + "/{container_id}/resume"): Operation(_json(schemas.Container)),
+    ("post", _C + "/{container_id}/snapshots"): Operation(_json(schemas.Snapshot), idempotent=True),
+    ("get", "/v1/snapshots"): Operation(_json(schemas.SnapshotList)),
+    ("get", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Snapshot)),
+    ("delete", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Deleted)),
     ("get", _C + "/{container_id}/egress"): Operation(_json(schemas.EgressEventList)),
     ("get", _C + "/{container_id}/skills"): Operation(_json(schemas.ContainerSkills)),
     ("post", "/v1/files"): Operation(

@@ -115,7 +115,7 @@ class LifecycleSettings(_Section):
         86_400, gt=0, description="how long an Idempotency-Key's result is kept for retries"
     )
     idle_sleep: Literal["freeze", "stop"] = Field(
-        "stop",
+        "freeze",
         description="how an idle container sleeps: 'freeze', its processes frozen with their "
         "memory (cgroup freezer; a background service survives and answers after the next "
         "call); 'stop', its processes ended and its memory freed (its files stay)",

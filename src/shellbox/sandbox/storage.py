@@ -196,6 +196,16 @@ class Storage:
             )
             raise SnapshotsUnavailable(msg)
 
+    def sync(self, container_id: str) -> None:
+        """Write the container's dirty pages back and commit (``BTRFS_IOC_SYNC``)."""
+        if self.quota_mode is None:
+            return
+        fd = os.open(self.path(container_id), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, IOC_SYNC)
+        finally:
+            os.close(fd)
+
     def snapshot(self, container_id: str, snapshot_id: str) -> None:
         """A read-only snapshot of the container's disk (upper, work, data): O(1), the
         extents are shared copy-on-write. The kernel flushes the subvolume's dirty pages

@@ -123,3 +123,30 @@ def test_a_server_restart_keeps_a_paused_container_paused(server_factory: Any) -
         assert http.get(f"/v1/containers/{cid}").json()["status"] == "paused"
         assert _ask(http, cid) == "2"
         assert host_pids(marker)
+
+
+def _freeze_cgroup(cid: str) -> None:
+    """Freeze a container behind the server's back, as a snapshot does for an instant."""
+    root = Path("/sys/fs/cgroup")
+    v2 = root / "shellbox" / cid / "cgroup.freeze"
+    if v2.exists():
+        v2.write_text("1")
+    else:
+        (root / "freezer" / "shellbox" / cid / "freezer.state").write_text("FROZEN")
+
+
+def test_a_container_frozen_when_the_server_died_is_thawed_with_its_state(
+    server_factory: Any,
+) -> None:
+    """A server killed while a snapshot held the container frozen: the next server thaws it
+    (it is ``running`` in the database) rather than restarting it and losing its processes."""
+    first = server_factory()
+    with httpx.Client(base_url=first.root_url, headers=AUTH, timeout=120) as http:
+        cid, marker = _counter(http)
+    _freeze_cgroup(cid)
+    first.kill()
+    second = server_factory(state_dir=first.state_dir)
+    with httpx.Client(base_url=second.root_url, headers=AUTH, timeout=120) as http:
+        assert http.get(f"/v1/containers/{cid}").json()["status"] == "running"
+        assert _ask(http, cid) == "2"
+        assert host_pids(marker)

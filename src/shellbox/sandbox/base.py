@@ -147,10 +147,6 @@ class Runtime(Protocol):
     async def fork(self, spec: ContainerSpec, snapshot_id: str) -> None:
         """``create``, with the disk a writable copy-on-write copy of a snapshot."""
 
-    async def snapshot_bytes(self, snapshot_id: str) -> tuple[int, int] | None:
-        """(referenced, exclusive) bytes of the snapshot as its quota group counts them."""
-        ...
-
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Remove a snapshot; forks made from it keep their files. Idempotent."""
 

@@ -560,9 +560,6 @@ class OciRuntime:
             self.cgroups.freeze(container_id, False)
         return time.perf_counter() - started
 
-    async def snapshot_bytes(self, snapshot_id: str) -> tuple[int, int] | None:
-        return await asyncio.to_thread(self.storage.snapshot_usage, snapshot_id)
-
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(self.storage.remove_snapshot, snapshot_id)
 

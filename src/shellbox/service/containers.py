@@ -597,6 +597,9 @@ class ContainerService:
         for record in known.values():
             if record.status == "running":
                 try:
+                    if await self.runtime.state(record.id) == "paused":
+                        # Frozen for a snapshot by a server that died in that instant.
+                        await self.runtime.resume(record.id)
                     for hook in self.before_start_hooks:
                         await hook(record)
                     await self.runtime.start(record.id)  # adopts it when its agent answers

@@ -34,6 +34,9 @@ ERRORS = {
     "500": "The server or the sandbox failed (logged with the request id)",
 }
 UPSTREAM_ERRORS = {"502": "The upstream model failed or could not be reached"}
+SNAPSHOT_ERRORS = {
+    "501": 'Snapshots need btrfs storage; this server has storage.backend = "none"',
+}
 
 SSE = "text/event-stream"
 
@@ -84,11 +87,13 @@ class Operation:
         body: dict[str, Any] | None = None,
         idempotent: bool = False,
         upstream: bool = False,
+        snapshots: bool = False,
     ) -> None:
         self.ok = ok
         self.body = body
         self.idempotent = idempotent
         self.upstream = upstream
+        self.snapshots = snapshots  # it takes or forks a snapshot: 501 without btrfs
 
 
 _C = "/v1/containers"
@@ -101,7 +106,7 @@ _SKILL_UPLOAD = _multipart(
 )
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
-    ("post", _C): Operation(_json(schemas.Container), idempotent=True),
+    ("post", _C): Operation(_json(schemas.Container), idempotent=True, snapshots=True),
     ("get", _C): Operation(_json(schemas.ContainerList)),
     ("get", _C + "/{container_id}"): Operation(_json(schemas.Container)),
     ("delete", _C + "/{container_id}"): Operation(_json(schemas.Deleted)),
@@ -118,7 +123,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("post", _C + "/{container_id}/pause"): Operation(_json(schemas.Container)),
     ("post", _C + "/{container_id}/resume"): Operation(_json(schemas.Container)),
-    ("post", _C + "/{container_id}/snapshots"): Operation(_json(schemas.Snapshot), idempotent=True),
+    ("post", _C + "/{container_id}/snapshots"): Operation(
+        _json(schemas.Snapshot), idempotent=True, snapshots=True
+    ),
     ("get", "/v1/snapshots"): Operation(_json(schemas.SnapshotList)),
     ("get", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Snapshot)),
     ("delete", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Deleted)),
@@ -197,6 +204,8 @@ MODELS: list[type[BaseModel]] = [
     schemas.AnthropicErrorResponse,
     schemas.Container,
     schemas.ContainerList,
+    schemas.Snapshot,
+    schemas.SnapshotList,
     schemas.Deleted,
     schemas.CallOutput,
     schemas.EgressEventList,
@@ -242,6 +251,8 @@ def _error_responses(path: str, op: Operation) -> dict[str, Any]:
     statuses = dict(ERRORS)
     if op.upstream:
         statuses.update(UPSTREAM_ERRORS)
+    if op.snapshots:
+        statuses.update(SNAPSHOT_ERRORS)
     return {
         status: {"description": text, "content": {JSON: {"schema": envelope}}}
         for status, text in statuses.items()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,27 @@ def test_server_restart_keeps_snapshots_and_forks(server_factory: Any) -> None:
     again = _fork(http, sid)
     assert _stdout(http, again, "cat k.txt") == "kept\n"
     assert os.path.isdir(second.view(second.state_dir / "disks" / ".snapshots" / sid))
+
+
+def test_a_snapshot_whose_storage_is_gone_is_a_404_and_leaves_nothing(srv: Any) -> None:
+    """Deleted meanwhile, or taken on another server sharing the database: a fork of it is a
+    404 naming snapshot_id, not a 500, and the half-made container is gone."""
+    http = _http(srv, srv.env["KEY_A"])
+    cid = http.post("/v1/containers", json={"name": "src"}).json()["id"]
+    sid = http.post(f"/v1/containers/{cid}/snapshots").json()["id"]
+    stored = srv.state_dir / "disks" / ".snapshots" / sid
+    delete = ["btrfs", "-q", "subvolume", "delete", str(stored)]
+    subprocess.run(["nsenter", f"--mount={srv.mount_namespace()}", *delete], check=True)
+    before = {c["id"] for c in http.get("/v1/containers", params={"limit": 100}).json()["data"]}
+    disks = srv.view(srv.state_dir / "disks")
+    disks_before = {p.name for p in disks.iterdir()}
+    r = http.post("/v1/containers", json={"name": "orphan", "snapshot_id": sid})
+    assert r.status_code == 404, r.text
+    err = error_of(r)
+    assert (err["code"], err["param"]) == ("snapshot_not_found", "snapshot_id")
+    assert "not stored on this server" in err["message"]
+    after = {c["id"] for c in http.get("/v1/containers", params={"limit": 100}).json()["data"]}
+    assert after == before
+    assert {p.name for p in disks.iterdir()} <= disks_before  # (the warm pool may take one)
+    http.delete(f"/v1/snapshots/{sid}")
+    http.delete(f"/v1/containers/{cid}")

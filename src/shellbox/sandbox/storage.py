@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from shellbox.errors import SandboxError, SnapshotsUnavailable
+from shellbox.errors import SandboxError, SnapshotNotFound, SnapshotsUnavailable
 from shellbox.sandbox import hostns
 
 log = logging.getLogger("shellbox.sandbox")
@@ -240,7 +240,11 @@ class Storage:
         copies only the extents it touches."""
         self.check_snapshots()
         path = self.path(container_id)
-        source = os.open(self.snapshot_path(snapshot_id), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            source = os.open(self.snapshot_path(snapshot_id), os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # deleted meanwhile, or taken by another server's disks
+            msg = f"snapshot {snapshot_id} is not stored on this server's disks"
+            raise SnapshotNotFound(msg, param="snapshot_id") from None
         try:
             root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
             try:

@@ -3,7 +3,8 @@
 Through HTTP against a real ``shellbox serve`` subprocess (warm pool off, so create and fork
 both start a container on demand), for workspaces of 1 MiB and 1 GiB in ``/mnt/data`` and
 one of 10,000 small files under ``/home/user`` (a fork moves every inode to its own uid range,
-so that is where a fork's cost grows):
+so that is where a fork's cost grows). Rounds are interleaved (an empty create, then each
+workspace in turn), so the load of a shared machine falls on every figure alike:
 
 * snapshot p50 (``POST /v1/containers/{id}/snapshots``), and how long the container's
   processes were frozen for it (from the server's log);
@@ -40,7 +41,7 @@ from typing import Any
 import httpx
 
 from bench_server import wait_healthy
-from shellbox.sandbox import OciRuntime
+from shellbox.sandbox import OciRuntime, hostns
 from shellbox.sandbox.image import image_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,6 +98,7 @@ class Server:
             asyncio.run(runtime.destroy(info.id))
         for sid in asyncio.run(runtime.snapshot_ids()):
             asyncio.run(runtime.delete_snapshot(sid))
+        hostns.detach(str(self.dir / "disks"))  # mounted in this process by the runtime
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -134,65 +136,71 @@ def p50_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 2)
 
 
-def measure(http: httpx.Client, srv: Server, fill: str, runs: int) -> dict[str, float]:
-    origin = ok(http.post("/v1/containers", json={"name": "origin"}))["id"]
-    run(http, origin, fill)
-    snap_s: list[float] = []
-    frozen: list[float] = []
-    fork_s: list[float] = []
-    delete_s: list[float] = []
-    pause_s: list[float] = []
-    resume_s: list[float] = []
-    snapshots: list[str] = []
-    for _ in range(runs):
-        dt, snap = timed(lambda: ok(http.post(f"/v1/containers/{origin}/snapshots")))
-        snap_s.append(dt)
-        frozen.append(srv.frozen_ms(snap["id"]) / 1000)
-        snapshots.append(snap["id"])
+METRICS = ("snapshot", "frozen", "fork_to_first_result", "delete_fork", "pause", "resume")
 
-        def fork(sid: str = snap["id"]) -> str:
-            cid = ok(http.post("/v1/containers", json={"name": "f", "snapshot_id": sid}))["id"]
-            run(http, cid, "true")
-            return str(cid)
 
-        dt, cid = timed(fork)
-        fork_s.append(dt)
-        dt, _ = timed(lambda c=cid: ok(http.delete(f"/v1/containers/{c}")))
-        delete_s.append(dt)
-        dt, _ = timed(lambda: ok(http.post(f"/v1/containers/{origin}/pause")))
-        pause_s.append(dt)
-        dt, _ = timed(lambda: ok(http.post(f"/v1/containers/{origin}/resume")))
-        resume_s.append(dt)
-    size = ok(http.get(f"/v1/snapshots/{snapshots[0]}"))["bytes"]
-    for sid in snapshots:
-        ok(http.delete(f"/v1/snapshots/{sid}"))
-    ok(http.delete(f"/v1/containers/{origin}"))
-    return {
-        "snapshot_bytes": size,
-        "snapshot_p50_ms": p50_ms(snap_s),
-        "frozen_p50_ms": p50_ms(frozen),
-        "fork_to_first_result_p50_ms": p50_ms(fork_s),
-        "delete_fork_p50_ms": p50_ms(delete_s),
-        "pause_p50_ms": p50_ms(pause_s),
-        "resume_p50_ms": p50_ms(resume_s),
+def one_round(http: httpx.Client, srv: Server, origin: str, got: dict[str, list[float]]) -> str:
+    """One sample of each metric on ``origin``; returns the snapshot it took."""
+    dt, snap = timed(lambda: ok(http.post(f"/v1/containers/{origin}/snapshots")))
+    got["snapshot"].append(dt)
+    got["frozen"].append(srv.frozen_ms(snap["id"]) / 1000)
+
+    def fork() -> str:
+        body = {"name": "f", "snapshot_id": snap["id"]}
+        cid = ok(http.post("/v1/containers", json=body))["id"]
+        run(http, cid, "true")
+        return str(cid)
+
+    dt, cid = timed(fork)
+    got["fork_to_first_result"].append(dt)
+    dt, _ = timed(lambda: ok(http.delete(f"/v1/containers/{cid}")))
+    got["delete_fork"].append(dt)
+    dt, _ = timed(lambda: ok(http.post(f"/v1/containers/{origin}/pause")))
+    got["pause"].append(dt)
+    dt, _ = timed(lambda: ok(http.post(f"/v1/containers/{origin}/resume")))
+    got["resume"].append(dt)
+    return str(snap["id"])
+
+
+def create_round(http: httpx.Client, got: dict[str, list[float]]) -> None:
+    def create() -> str:
+        cid = ok(http.post("/v1/containers", json={"name": "c"}))["id"]
+        run(http, cid, "true")
+        return str(cid)
+
+    dt, cid = timed(create)
+    got["create_to_first_result"].append(dt)
+    dt, _ = timed(lambda: ok(http.delete(f"/v1/containers/{cid}")))
+    got["delete"].append(dt)
+
+
+def measure(http: httpx.Client, srv: Server, runs: int) -> dict[str, dict[str, float]]:
+    """Rounds interleaved (create, then each workspace in turn, ``runs`` times), so the
+    machine's load, shared with other work, falls on every figure alike."""
+    origins = {}
+    for name, fill in WORKSPACES.items():
+        origins[name] = ok(http.post("/v1/containers", json={"name": name}))["id"]
+        run(http, origins[name], fill)
+    samples: dict[str, dict[str, list[float]]] = {
+        name: {m: [] for m in METRICS} for name in WORKSPACES
     }
-
-
-def baseline(http: httpx.Client, runs: int) -> dict[str, float]:
-    create_s: list[float] = []
-    delete_s: list[float] = []
+    base: dict[str, list[float]] = {"create_to_first_result": [], "delete": []}
+    taken: dict[str, list[str]] = {name: [] for name in WORKSPACES}
     for _ in range(runs):
-
-        def create() -> str:
-            cid = ok(http.post("/v1/containers", json={"name": "c"}))["id"]
-            run(http, cid, "true")
-            return str(cid)
-
-        dt, cid = timed(create)
-        create_s.append(dt)
-        dt, _ = timed(lambda c=cid: ok(http.delete(f"/v1/containers/{c}")))
-        delete_s.append(dt)
-    return {"create_to_first_result_p50_ms": p50_ms(create_s), "delete_p50_ms": p50_ms(delete_s)}
+        create_round(http, base)
+        for name, origin in origins.items():
+            taken[name].append(one_round(http, srv, origin, samples[name]))
+    results: dict[str, dict[str, float]] = {
+        "baseline": {f"{m}_p50_ms": p50_ms(v) for m, v in base.items()}
+    }
+    for name, origin in origins.items():
+        row = {f"{m}_p50_ms": p50_ms(v) for m, v in samples[name].items()}
+        row["snapshot_bytes"] = ok(http.get(f"/v1/snapshots/{taken[name][0]}"))["bytes"]
+        results[name] = row
+        for sid in taken[name]:
+            ok(http.delete(f"/v1/snapshots/{sid}"))
+        ok(http.delete(f"/v1/containers/{origin}"))
+    return results
 
 
 def main() -> None:
@@ -203,24 +211,15 @@ def main() -> None:
     try:
         auth = {"authorization": "Bearer bench"}  # no keys exist: any key, on loopback
         with httpx.Client(base_url=srv.url, headers=auth, timeout=900) as http:
-            base = baseline(http, args.runs)
-            results = {
-                name: measure(http, srv, fill, args.runs) for name, fill in WORKSPACES.items()
-            }
+            results = measure(http, srv, args.runs)
     finally:
         srv.stop()
+    base = results.pop("baseline")
     print(
         f"create-to-first-result p50 {base['create_to_first_result_p50_ms']} ms, "
         f"delete p50 {base['delete_p50_ms']} ms (warm pool off; medians of {args.runs})"
     )
-    cols = [
-        "snapshot_p50_ms",
-        "frozen_p50_ms",
-        "fork_to_first_result_p50_ms",
-        "delete_fork_p50_ms",
-        "pause_p50_ms",
-        "resume_p50_ms",
-    ]
+    cols = [f"{m}_p50_ms" for m in METRICS]
     print(f"{'workspace':<10} {'bytes':>12} " + " ".join(f"{c[:-7]:>22}" for c in cols))
     for name, row in results.items():
         line = f"{name:<10} {int(row['snapshot_bytes']):>12} "

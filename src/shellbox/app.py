@@ -20,6 +20,7 @@ from shellbox.api.routes import (
     messages,
     responses,
     skills,
+    snapshots,
     workspace,
 )
 from shellbox.services import Services, create_services
@@ -27,6 +28,7 @@ from shellbox.settings import Settings
 
 ROUTERS = (
     containers.router,
+    snapshots.router,
     files.router,
     workspace.router,
     skills.router,

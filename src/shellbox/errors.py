@@ -11,7 +11,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
     ├── NotFound (404)
-    │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
+    │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound, SnapshotNotFound
     ├── Conflict (409, never retried)
     │   ├── ContainerNotRunning
     │   └── IdempotencyKeyInterrupted: its first request was cut off by a restart
@@ -20,6 +20,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   └── CapacityExceeded: the host runs all the containers it may (retry later)
     ├── ContainerBusy (429, retried): the container runs as many calls as it takes
     ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
+    ├── SnapshotsUnavailable (501): the server's storage has no copy-on-write snapshots
     ├── UpstreamError (502)
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -44,6 +45,8 @@ class ErrorCode(StrEnum):
     file_not_found = "file_not_found"
     skill_not_found = "skill_not_found"
     response_not_found = "response_not_found"
+    snapshot_not_found = "snapshot_not_found"
+    snapshots_unavailable = "snapshots_unavailable"
     conflict = "conflict"
     idempotency_key_reused = "idempotency_key_reused"
     idempotency_key_in_use = "idempotency_key_in_use"
@@ -136,6 +139,10 @@ class ResponseNotFound(NotFound):
     code = ErrorCode.response_not_found
 
 
+class SnapshotNotFound(NotFound):
+    code = ErrorCode.snapshot_not_found
+
+
 class Conflict(ShellboxError):
     """A deterministic conflict: retrying the same request cannot succeed."""
 
@@ -194,6 +201,16 @@ class ServerBusy(ShellboxError):
     type = "rate_limit_error"
     code = ErrorCode.server_busy
     retryable = True
+
+
+class SnapshotsUnavailable(ShellboxError):
+    """Snapshots and forks need btrfs (``storage.backend = "btrfs"``); this server has plain
+    directories, and copying a workspace instead would hide a cost that grows with its size."""
+
+    status = 501
+    type = "invalid_request_error"
+    code = ErrorCode.snapshots_unavailable
+    retryable = False
 
 
 class UpstreamError(ShellboxError):

@@ -23,6 +23,7 @@ from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
+from shellbox.service.snapshots import SnapshotService
 from shellbox.settings import Settings
 from shellbox.skills import SkillService
 from shellbox.skills import install as install_skills
@@ -45,6 +46,7 @@ class Services:
     files: FileService
     calls: CallService
     limits: ShellLimits
+    snapshots: SnapshotService
     idempotency: IdempotencyService
     patcher: PatchService
     skills: SkillService
@@ -57,6 +59,7 @@ class Services:
         await self.skills.start()
         await self.egress.start()
         await self.containers.recover()
+        await self.snapshots.sweep()
         self.files.start()
         self.containers.start_reaper()
 
@@ -85,9 +88,10 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
-    containers = ContainerService(settings, stores.containers, runtime)
+    containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
     files = FileService(settings, stores.files, stores.container_files, containers)
     calls = CallService(containers, files, limits)
+    snapshots = SnapshotService(stores.snapshots, containers)
     idempotency = IdempotencyService(
         stores.idempotency,
         settings.lifecycle.idempotency_ttl_s,
@@ -112,6 +116,7 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         files,
         calls,
         limits,
+        snapshots,
         idempotency,
         patcher,
         skills,

@@ -73,6 +73,9 @@ class LimitSettings(_Section):
     upload_max_bytes: int = Field(512 << 20, ge=1, description="largest upload, in bytes")
     max_containers_per_project: int = Field(100, ge=1, description="live containers per project")
     max_memory_gb_per_project: int = Field(256, ge=1, description="sum of memory limits, GiB")
+    max_snapshots_per_project: int = Field(
+        100, ge=0, description="snapshots a project may keep (they outlive their containers)"
+    )
     disk_gb: float = Field(
         10,
         gt=0,
@@ -112,6 +115,12 @@ class LifecycleSettings(_Section):
     )
     idempotency_ttl_s: float = Field(
         86_400, gt=0, description="how long an Idempotency-Key's result is kept for retries"
+    )
+    idle_sleep: Literal["freeze", "stop"] = Field(
+        "freeze",
+        description="how an idle container sleeps: 'freeze', its processes frozen with their "
+        "memory (cgroup freezer; a background service survives and answers after the next "
+        "call); 'stop', its processes ended and its memory freed (its files stay)",
     )
 
 

@@ -58,6 +58,18 @@ def _cgroup_dirs(cid: str) -> list[Path]:
     return [*root.glob(f"shellbox/{cid}"), *root.glob(f"*/shellbox/{cid}")]
 
 
+def _frozen(cid: str) -> bool:
+    """Whether the container's cgroup is frozen (v2's cgroup.events, or v1's freezer)."""
+    for d in _cgroup_dirs(cid):
+        events = d / "cgroup.events"
+        if events.exists() and "frozen 1" in events.read_text():
+            return True
+        state = d / "freezer.state"
+        if state.exists() and state.read_text().strip() == "FROZEN":
+            return True
+    return False
+
+
 def test_a_container_life_through_every_cgroup_feature(short: Any) -> None:
     health = httpx.get(f"{short.root_url}/healthz").json()
     assert health["cgroup"] == detect_mode().value
@@ -99,12 +111,12 @@ def test_a_container_life_through_every_cgroup_feature(short: Any) -> None:
     started, errno = (int(x) for x in item["output"][0]["stdout"].split())
     assert (errno, 150 < started < 200 - 16) == (11, True), item  # EAGAIN at the cmds' pids.max
 
-    # Sleep (its processes stop, its files stay) and wake (the next call).
+    # Sleep (its processes frozen, its files kept) and wake (the next call).
     bg = f"8{secrets.randbelow(10**6)}.{secrets.randbelow(10**6)}"
     shell(http, c.id, f"echo kept > kept.txt; (sleep {bg} &)", timeout_ms=30_000)
     assert host_pids(f"sleep {bg}")
     assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 30)
-    assert not host_pids(f"sleep {bg}")
+    assert _frozen(c.id)
     item = shell(http, c.id, "cat kept.txt", timeout_ms=60_000)
     assert item["output"][0]["stdout"] == "kept\n"
     assert sdk.containers.retrieve(c.id).status == "running"

@@ -42,8 +42,9 @@ def test_idle_container_sleeps_and_a_call_wakes_it(short: Any) -> None:
     shell(http, c.id, f"echo kept > kept.txt; (exec -a {marker} sleep 1000) &")
     assert host_pids(marker)
     assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 10)
-    # Asleep: its processes are stopped, its disk is kept and still listed.
-    assert not host_pids(marker)
+    # Asleep: its processes are frozen with their memory (tests/api/test_pause.py: they use
+    # no CPU and answer after the next call), its disk is kept and still listed.
+    assert host_pids(marker)
     assert [f.path for f in sdk.containers.files.list(c.id)] == ["/mnt/data/kept.txt"]
     before = sdk.containers.retrieve(c.id).last_active_at
     time.sleep(1.1)
@@ -62,6 +63,21 @@ def test_idle_container_sleeps_and_a_call_wakes_it(short: Any) -> None:
         assert r.status_code == 200
         assert '"kept\\n"' in r.read().decode()
     sdk.containers.delete(c.id)
+
+
+def test_idle_sleep_stop_ends_the_processes(server_factory: Any) -> None:
+    srv = server_factory(env={**SHORT, "SHELLBOX_LIFECYCLE__IDLE_SLEEP": "stop"})
+    sdk, http = _clients(srv)
+    marker = f"bg-{secrets.token_hex(5)}"
+    c = sdk.containers.create(name="stopped")
+    shell(http, c.id, f"echo kept > kept.txt; (exec -a {marker} sleep 1000) &")
+    assert host_pids(marker)
+    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 10)
+    assert not host_pids(marker)  # ended: their memory is freed
+    assert shell(http, c.id, "cat kept.txt")["output"][0]["stdout"] == "kept\n"
+    assert sdk.containers.retrieve(c.id).status == "running"
+    sdk.containers.delete(c.id)
+    http.close()
 
 
 def test_activity_keeps_a_container_awake(short: Any) -> None:

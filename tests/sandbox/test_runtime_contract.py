@@ -247,3 +247,30 @@ async def test_sweep_uploads_keeps_the_sandbox_files(rt: Runtime, box: str) -> N
     await sh(rt, box, "echo mine > /mnt/data/.shellbox-upload-000000000000-1")
     assert await rt.sweep_uploads(box) == 0
     assert await sh(rt, box, "cat /mnt/data/.shellbox-upload-000000000000-1") == "mine\n"
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+async def test_snapshot_fork_and_delete(rt: Runtime, box: str) -> None:
+    await rt.write_file(box, "state.txt", [b"before"])
+    snap = new_id("snap_")
+    taken = await rt.snapshot(box, snap)
+    assert taken.bytes > 0
+    assert taken.frozen_s >= 0
+    assert snap in await rt.snapshot_ids()
+    await rt.write_file(box, "state.txt", [b"after"])  # the snapshot keeps what it saw
+    fork = new_id("cntr_")
+    await rt.fork(ContainerSpec(id=fork), snap)
+    try:
+        await rt.start(fork)
+        assert await sh(rt, fork, "cat /mnt/data/state.txt") == "before"
+        await rt.write_file(fork, "state.txt", [b"fork"])  # and a fork is its own
+        assert await read_all(await rt.read_file(box, "state.txt")) == b"after"
+        await rt.delete_snapshot(snap)
+        assert snap not in await rt.snapshot_ids()
+        await rt.delete_snapshot(snap)  # idempotent
+        # The fork outlives its snapshot, with its files.
+        assert await sh(rt, fork, "cat /mnt/data/state.txt") == "fork"
+    finally:
+        await rt.destroy(fork)

@@ -30,10 +30,13 @@ ERRORS = {
     "404": "No such object in the caller's project, or no such route",
     "409": "A conflict: the container has expired, or the Idempotency-Key is in use or was cut off",
     "413": "The body or upload is larger than this server's limit",
-    "429": "A per-project quota (containers, memory) is used up",
+    "429": "A per-project quota (containers, memory, snapshots) is used up",
     "500": "The server or the sandbox failed (logged with the request id)",
 }
 UPSTREAM_ERRORS = {"502": "The upstream model failed or could not be reached"}
+SNAPSHOT_ERRORS = {
+    "501": 'Snapshots need btrfs storage; this server has storage.backend = "none"',
+}
 
 SSE = "text/event-stream"
 
@@ -84,11 +87,13 @@ class Operation:
         body: dict[str, Any] | None = None,
         idempotent: bool = False,
         upstream: bool = False,
+        snapshots: bool = False,
     ) -> None:
         self.ok = ok
         self.body = body
         self.idempotent = idempotent
         self.upstream = upstream
+        self.snapshots = snapshots  # it takes or forks a snapshot: 501 without btrfs
 
 
 _C = "/v1/containers"
@@ -101,7 +106,7 @@ _SKILL_UPLOAD = _multipart(
 )
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
-    ("post", _C): Operation(_json(schemas.Container), idempotent=True),
+    ("post", _C): Operation(_json(schemas.Container), idempotent=True, snapshots=True),
     ("get", _C): Operation(_json(schemas.ContainerList)),
     ("get", _C + "/{container_id}"): Operation(_json(schemas.Container)),
     ("delete", _C + "/{container_id}"): Operation(_json(schemas.Deleted)),
@@ -116,6 +121,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body={JSON: {"schema": {"$ref": REF.format(model="CallItem")}}},
         idempotent=True,
     ),
+    ("post", _C + "/{container_id}/pause"): Operation(_json(schemas.Container)),
+    ("post", _C + "/{container_id}/resume"): Operation(_json(schemas.Container)),
+    ("post", _C + "/{container_id}/snapshots"): Operation(
+        _json(schemas.Snapshot), idempotent=True, snapshots=True
+    ),
+    ("get", "/v1/snapshots"): Operation(_json(schemas.SnapshotList)),
+    ("get", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Snapshot)),
+    ("delete", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Deleted)),
     ("get", _C + "/{container_id}/egress"): Operation(_json(schemas.EgressEventList)),
     ("get", _C + "/{container_id}/skills"): Operation(_json(schemas.ContainerSkills)),
     ("post", "/v1/files"): Operation(
@@ -191,6 +204,8 @@ MODELS: list[type[BaseModel]] = [
     schemas.AnthropicErrorResponse,
     schemas.Container,
     schemas.ContainerList,
+    schemas.Snapshot,
+    schemas.SnapshotList,
     schemas.Deleted,
     schemas.CallOutput,
     schemas.EgressEventList,
@@ -236,6 +251,8 @@ def _error_responses(path: str, op: Operation) -> dict[str, Any]:
     statuses = dict(ERRORS)
     if op.upstream:
         statuses.update(UPSTREAM_ERRORS)
+    if op.snapshots:
+        statuses.update(SNAPSHOT_ERRORS)
     return {
         status: {"description": text, "content": {JSON: {"schema": envelope}}}
         for status, text in statuses.items()

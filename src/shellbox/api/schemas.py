@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from shellbox.sandbox import RuntimeInfo
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord
+from shellbox.store import SnapshotRecord
 
 
 class _Body(BaseModel):
@@ -40,6 +41,13 @@ class CreateContainerBody(_Body):
     memory_limit: Literal["1g", "4g", "16g", "64g"] | None = None
     network_policy: NetworkPolicy | None = None
     skills: list[dict[str, Any]] | None = None
+    snapshot_id: str | None = Field(
+        None, max_length=64, description="start from this snapshot's files (a fork)"
+    )
+
+
+class CreateSnapshotBody(_Body):
+    name: str | None = Field(None, max_length=256)
 
 
 class CreateContainerFileBody(_Body):
@@ -115,6 +123,19 @@ def container(record: ContainerRecord, runtime: RuntimeInfo) -> dict[str, Any]:
         "memory_limit": record.memory_limit,
         "network_policy": policy,
         "image": image(runtime),
+    }
+
+
+def snapshot(record: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "container.snapshot",
+        "container_id": record.container_id,
+        "name": record.name,
+        "created_at": record.created_at,
+        "last_used_at": record.last_used_at,
+        "bytes": record.bytes,
+        "status": record.status,
     }
 
 
@@ -211,6 +232,19 @@ class Container(_Wire):
     network_policy: ContainerNetworkPolicy
 
 
+class Snapshot(_Wire):
+    """A container's saved writable state (``/mnt/data``, ``/home/user``, the rootfs layer)."""
+
+    id: str
+    object: Literal["container.snapshot"]
+    container_id: str
+    name: str | None
+    created_at: int
+    last_used_at: int
+    bytes: int  # what the container's disk held when the snapshot was taken
+    status: str
+
+
 class File(_Wire):
     id: str
     object: Literal["file"]
@@ -262,6 +296,10 @@ class _Page(_Wire):
 
 class ContainerList(_Page):
     data: list[Container]
+
+
+class SnapshotList(_Page):
+    data: list[Snapshot]
 
 
 class FileList(_Page):

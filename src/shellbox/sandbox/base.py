@@ -112,6 +112,14 @@ ExecEvent = CommandStarted | OutputDelta | CommandFinished
 
 
 @dataclass(frozen=True)
+class SnapshotTaken:
+    """What taking a snapshot cost and holds."""
+
+    bytes: int  # what the container's disk held when it was taken (what a fork starts with)
+    frozen_s: float  # how long the container's processes were frozen for it (0: none ran)
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     id: str
     state: SandboxState
@@ -175,10 +183,25 @@ class Runtime(Protocol):
         ...
 
     async def pause(self, container_id: str) -> None:
-        """Freeze every process of the container (memory and files kept)."""
+        """Freeze every process (cgroup freezer): they keep their memory and use no CPU."""
 
     async def resume(self, container_id: str) -> None:
         """Thaw what ``pause`` froze."""
+
+    async def snapshot(self, container_id: str, snapshot_id: str) -> SnapshotTaken:
+        """Save the container's writable state (rootfs layer, /mnt/data; not /tmp) as a
+        read-only snapshot; its processes are frozen only for the instant it takes."""
+        ...
+
+    async def fork(self, spec: ContainerSpec, snapshot_id: str) -> None:
+        """``create``, with the disk a writable copy-on-write copy of a snapshot."""
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot; forks made from it keep their files. Idempotent."""
+
+    async def snapshot_ids(self) -> list[str]:
+        """Every snapshot this runtime's storage holds."""
+        ...
 
     async def stop(self, container_id: str) -> None:
         """Stop every process; the disk stays."""

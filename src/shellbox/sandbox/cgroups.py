@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from shellbox.errors import SandboxError
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "shellbox"
 DELEGATED_V1 = ("memory", "pids", "freezer")
@@ -205,6 +207,28 @@ class HostCgroups:
                 continue  # removed meanwhile
             found.update(int(pid) for pid in text.split())
         return found
+
+    def freeze(self, container_id: str, frozen: bool, timeout_s: float = 5.0) -> None:
+        """Freeze (or thaw) every process of the container, and return once the kernel says
+        it is done: v2's ``cgroup.freeze``, v1's freezer. What ``crun pause`` does, without
+        starting a process for it (~0.1 ms against ~10-40 ms), and what ``crun state``
+        reads back as "paused"."""
+        if self.mode is CgroupMode.v2:
+            d = self.container_dir(container_id)
+            (d / "cgroup.freeze").write_text("1" if frozen else "0")
+            done, status = d / "cgroup.events", f"frozen {int(frozen)}"
+        else:
+            d = self.container_dir(container_id, "freezer")
+            (d / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+            done, status = d / "freezer.state", "FROZEN" if frozen else "THAWED"
+        deadline = time.monotonic() + timeout_s
+        delay = 0.0001
+        while status not in done.read_text():
+            if time.monotonic() > deadline:
+                msg = f"the cgroup of {container_id} did not reach {status!r} in {timeout_s} s"
+                raise SandboxError(msg)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
 
     def existing(self) -> set[str]:
         """Ids of containers that have a cgroup on this host."""

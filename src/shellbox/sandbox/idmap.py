@@ -28,6 +28,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -290,6 +291,34 @@ class UidRanges:
             yield
         finally:
             os.close(fd)
+
+
+def shift_tree(top: Path, old_base: int, new_base: int) -> int:
+    """Move every file under ``top`` owned by the range at ``old_base`` to the range at
+    ``new_base`` (uid and gid apart); returns how many inodes changed. Symbolic links are
+    changed themselves, never followed; an inode met again through a hard link is already
+    outside the old range. ``chown`` clears set-user-ID and set-group-ID bits: they are put
+    back. (POSIX ACL entries and v3 file capabilities, which also name uids, are left.)"""
+    old = range(old_base, old_base + RANGE_SIZE)
+    changed = 0
+
+    def shift(path: str) -> None:
+        nonlocal changed
+        st = os.lstat(path)
+        uid = st.st_uid - old_base + new_base if st.st_uid in old else st.st_uid
+        gid = st.st_gid - old_base + new_base if st.st_gid in old else st.st_gid
+        if (uid, gid) == (st.st_uid, st.st_gid):
+            return
+        os.lchown(path, uid, gid)
+        changed += 1
+        if st.st_mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+
+    shift(str(top))
+    for root, dirs, files in os.walk(top):
+        for name in (*dirs, *files):
+            shift(os.path.join(root, name))
+    return changed
 
 
 def read_base(container_dir: Path) -> int | None:

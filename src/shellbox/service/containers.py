@@ -1,8 +1,11 @@
 """Container lifecycle: create, wake, sleep, expire, delete, and recovery after a restart.
 
 Statuses: ``running`` (processes up), ``sleeping`` (idle past ``idle_sleep_s``: processes
-stopped, disk kept; the next call wakes it), ``expired`` (``expires_after`` minutes after
-``last_active_at``: processes and files gone), ``deleted`` (hidden from the API).
+frozen with their memory, or stopped with ``lifecycle.idle_sleep = "stop"``; disk kept; the
+next call wakes it), ``paused`` (frozen on request, ``POST .../pause``; the next call or
+``.../resume`` thaws it), ``expired`` (``expires_after`` minutes after ``last_active_at``:
+processes and files gone), ``deleted`` (hidden from the API). A container may also start
+from a snapshot (``snapshot_id``): its disk is then a copy-on-write copy of the snapshot's.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shellbox.errors import (
+    Conflict,
     ContainerNotFound,
     ContainerNotRunning,
     InvalidRequest,
     QuotaExceeded,
     SandboxError,
+    SnapshotNotFound,
 )
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, Mount, Runtime
@@ -29,7 +34,7 @@ from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
 from shellbox.service.warm_pool import WarmPool
 from shellbox.settings import Settings
-from shellbox.store import ContainerStore, Quota, Usage
+from shellbox.store import ContainerStore, Quota, SnapshotStore, Usage
 from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, responses)
 
 log = logging.getLogger("shellbox.containers")
@@ -44,6 +49,7 @@ class CreateContainer:
     file_ids: list[str] = field(default_factory=list)
     network_policy: dict[str, Any] = field(default_factory=lambda: {"type": "disabled"})
     skills: list[dict[str, Any]] = field(default_factory=list)
+    snapshot_id: str | None = None  # start from this snapshot's files
 
 
 @dataclass
@@ -76,10 +82,17 @@ CheckHook = Callable[[Principal, CreateContainer, Provisioned], object]
 
 
 class ContainerService:
-    def __init__(self, settings: Settings, store: ContainerStore, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ContainerStore,
+        runtime: Runtime,
+        snapshots: SnapshotStore | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
+        self.snapshots = snapshots
         self.check_hooks: list[CheckHook] = []  # validation, before anything is allocated
         self.provision_hooks: list[ProvisionHook] = []
         self.release_hooks: list[ReleaseHook] = []
@@ -186,11 +199,18 @@ class ContainerService:
         prov = Provisioned()
         for check in self.check_hooks:
             check(principal, req, prov)
+        if req.snapshot_id is not None:
+            self._snapshot_of(principal, req.snapshot_id)  # 404 before anything is allocated
         # A pooled container fits a request that asks for nothing beyond its pool's spec (but
         # env); whether the hooks add something is only known once they ran, under its id.
         pool = self.pools.get(policy_type)
         pooled = None
-        if pool is not None and req.memory_limit == DEFAULT_MEMORY and not req.skills:
+        if (
+            pool is not None
+            and req.memory_limit == DEFAULT_MEMORY
+            and not req.skills
+            and req.snapshot_id is None
+        ):
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
         try:
@@ -236,7 +256,11 @@ class ContainerService:
             if pooled is not None and not _fits(pooled, spec):
                 await self.runtime.destroy(cid)  # build this one as asked, under the same id
                 pooled = None
-            if pooled is None:
+            if req.snapshot_id is not None:
+                await self.runtime.fork(spec, req.snapshot_id)
+                if self.snapshots is not None:
+                    self.snapshots.used(req.snapshot_id, now)
+            elif pooled is None:
                 await self.runtime.create(spec)
             elif spec != pooled:
                 # env applies per command and a disk limit at once: store them
@@ -258,6 +282,16 @@ class ContainerService:
             raise
         self._live[cid] = dataclasses.replace(record)
         return record
+
+    def _snapshot_of(self, principal: Principal, snapshot_id: str) -> None:
+        found = (
+            self.snapshots.get(principal.project, snapshot_id)
+            if self.snapshots is not None
+            else None
+        )
+        if found is None:
+            msg = f"No snapshot found with id '{snapshot_id}'."
+            raise SnapshotNotFound(msg, param="snapshot_id")
 
     async def _default_spec_soon(self, cid: str) -> ContainerSpec:
         return self.default_spec(cid)
@@ -401,7 +435,7 @@ class ContainerService:
                     pass
             if record.status not in LIVE:
                 raise self._gone(record)
-            if wake and record.status == "sleeping":
+            if wake and record.status in ("sleeping", "paused"):
                 await self.wake(record)
             try:
                 yield record
@@ -457,12 +491,42 @@ class ContainerService:
 
     async def wake(self, record: ContainerRecord) -> None:
         async with self._lock(record.id):
-            if record.status == "sleeping":  # (another call may have woken it meanwhile)
-                for hook in self.before_start_hooks:
-                    await hook(record)
-                await self.runtime.start(record.id)
+            if record.status in ("sleeping", "paused"):  # (another call may have woken it)
+                await self._thaw_or_start(record)
                 self._set_status(record.id, "running")
             record.status = "running"
+
+    async def _thaw_or_start(self, record: ContainerRecord) -> None:
+        """Thaw a frozen container (its processes go on where they were), or start a stopped
+        one from its disk (after ``idle_sleep = "stop"``, or a reboot)."""
+        if await self.runtime.state(record.id) == "paused":
+            await self.runtime.resume(record.id)
+            return
+        for hook in self.before_start_hooks:
+            await hook(record)
+        await self.runtime.start(record.id)
+
+    async def pause(self, principal: Principal, cid: str) -> ContainerRecord:
+        """Freeze the container's processes with their memory (idempotent). A sleeping
+        container is frozen too, or stays stopped if it sleeps stopped; either way it is
+        ``paused`` from then on."""
+        record = self._claim(principal, cid)
+        if cid in self._busy:  # frozen mid-call, the call would hang until a resume
+            msg = f"container {cid} is running a call; pause it once the call has finished"
+            raise Conflict(msg, param="container_id")
+        async with self._lock(cid):
+            if record.status not in LIVE:
+                raise self._gone(record)
+            if await self.runtime.state(cid) == "running":
+                await self.runtime.pause(cid)
+            self._set_status(cid, "paused")
+            record.status = "paused"
+        return record
+
+    async def resume(self, principal: Principal, cid: str) -> ContainerRecord:
+        """Thaw a paused (or sleeping) container; a running one is answered as it is."""
+        async with self.activity(principal, cid) as record:
+            return record
 
     def _set_status(self, cid: str, status: ContainerStatus) -> None:
         self.store.set_status(cid, status)
@@ -493,8 +557,7 @@ class ContainerService:
                     if expire:
                         await self._end(record, "expired")
                     else:
-                        await self.runtime.stop(record.id)
-                        self._set_status(record.id, "sleeping")
+                        await self._sleep(record)
             except Exception:
                 log.exception("reaper failed on container %s", record.id)
         for hook in self.reap_hooks:
@@ -502,6 +565,16 @@ class ContainerService:
                 await hook()
             except Exception:
                 log.exception("reaper hook %s failed", getattr(hook, "__qualname__", hook))
+
+    async def _sleep(self, record: ContainerRecord) -> None:
+        """Idle: freeze its processes (they keep their memory and answer after the next
+        call), or with ``lifecycle.idle_sleep = "stop"`` end them (memory freed)."""
+        if self.settings.lifecycle.idle_sleep == "freeze":
+            if await self.runtime.state(record.id) == "running":
+                await self.runtime.pause(record.id)
+        else:
+            await self.runtime.stop(record.id)
+        self._set_status(record.id, "sleeping")
 
     async def _reap_forever(self) -> None:
         while True:
@@ -538,14 +611,20 @@ class ContainerService:
         for record in known.values():
             if record.status == "running":
                 try:
+                    if await self.runtime.state(record.id) == "paused":
+                        # Frozen for a snapshot by a server that died in that instant.
+                        await self.runtime.resume(record.id)
                     for hook in self.before_start_hooks:
                         await hook(record)
                     await self.runtime.start(record.id)  # adopts it when its agent answers
                 except Exception:
                     log.exception("could not restart container %s; it will sleep", record.id)
                     self._set_status(record.id, "sleeping")
-            elif record.status == "sleeping" and await self.runtime.state(record.id) != "absent":
-                await self.runtime.stop(record.id)
+            elif record.status in ("sleeping", "paused"):
+                # Frozen ones stay frozen, with their processes; others stay stopped.
+                state = await self.runtime.state(record.id)
+                if state not in ("absent", "paused"):
+                    await self.runtime.stop(record.id)
 
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:

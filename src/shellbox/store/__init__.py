@@ -21,6 +21,7 @@ from shellbox.store.idempotency import IdempotencyStore, SqlIdempotencyStore
 from shellbox.store.keys import KeyStore, SqlKeyStore
 from shellbox.store.responses import ResponseStore, SqlResponseStore
 from shellbox.store.skills import SkillStore, SqlSkillStore
+from shellbox.store.snapshots import SnapshotRecord, SnapshotStore, SqlSnapshotStore
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Stores:
     responses: ResponseStore
     egress: EgressStore
     idempotency: IdempotencyStore
+    snapshots: SnapshotStore
 
 
 def create_stores(db: Database) -> Stores:
@@ -49,6 +51,7 @@ def create_stores(db: Database) -> Stores:
         responses=SqlResponseStore(db),
         egress=SqlEgressStore(db),
         idempotency=SqlIdempotencyStore(db),
+        snapshots=SqlSnapshotStore(db),
     )
 
 
@@ -63,6 +66,8 @@ __all__ = [
     "Quota",
     "ResponseStore",
     "SkillStore",
+    "SnapshotRecord",
+    "SnapshotStore",
     "Stores",
     "Usage",
     "create_database",

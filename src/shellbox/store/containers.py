@@ -55,7 +55,7 @@ class ContainerStore(Protocol):
     def scrub(self) -> None: ...
 
 
-def _lock_key(project: str) -> int:
+def project_lock_key(project: str) -> int:
     """A stable 64-bit key for PostgreSQL's advisory lock on one project's containers."""
     return int.from_bytes(hashlib.sha256(project.encode()).digest()[:8], "big", signed=True)
 
@@ -109,9 +109,8 @@ class SqlContainerStore:
         writer lock, taken up front), so two servers cannot both take the last place."""
         with self.db.begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(
-                    text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(record.project)}
-                )
+                key = project_lock_key(record.project)
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
             else:
                 # Take SQLite's write lock before counting: a second writer waits here
                 # instead of counting rows the first is about to add.

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ContainerStatus = Literal["running", "sleeping", "expired", "deleted"]
-LIVE: tuple[ContainerStatus, ...] = ("running", "sleeping")
+ContainerStatus = Literal["running", "sleeping", "paused", "expired", "deleted"]
+LIVE: tuple[ContainerStatus, ...] = ("running", "sleeping", "paused")
 
 
 @dataclass

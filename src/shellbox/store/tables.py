@@ -195,3 +195,21 @@ server_runs = Table(
     Column("run", String(32), primary_key=True),
     Column("seen_at", BigInteger, nullable=False),
 )
+
+# -- snapshots --------------------------------------------------------------------------------
+# A container's saved disk (migration 0003). It outlives its container; ``bytes`` is what the
+# container's disk held when it was taken; ``last_used_at`` moves when a fork is made from it.
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False, index=True),
+    Column("container_id", String(64), nullable=False),
+    Column("name", Text, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("last_used_at", BigInteger, nullable=False),
+)

@@ -43,6 +43,7 @@ async def create_container(
         if body.network_policy
         else {"type": "disabled"},
         skills=body.skills or [],
+        snapshot_id=body.snapshot_id,
     )
 
     rootfs = services.runtime.describe()
@@ -94,6 +95,43 @@ async def delete_container(
 ) -> JSONResponse:
     await services.containers.delete(principal, container_id)
     return JSONResponse(schemas.deleted(container_id, "container.deleted"))
+
+
+@router.post("/{container_id}/pause")
+async def pause_container(
+    container_id: str, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    """Freeze the container's processes with their memory; the next call (or ``/resume``)
+    thaws them."""
+    record = await services.containers.pause(principal, container_id)
+    return JSONResponse(schemas.container(record, services.runtime.describe()))
+
+
+@router.post("/{container_id}/resume")
+async def resume_container(
+    container_id: str, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    record = await services.containers.resume(principal, container_id)
+    return JSONResponse(schemas.container(record, services.runtime.describe()))
+
+
+@router.post("/{container_id}/snapshots", dependencies=[Depends(checked_request)])
+async def create_snapshot(
+    request: Request,
+    container_id: str,
+    principal: PrincipalDep,
+    services: ServicesDep,
+    body: schemas.CreateSnapshotBody | None = None,
+) -> Response:
+    """Save the container's writable state (``/mnt/data``, ``/home/user``, its rootfs layer;
+    not ``/tmp``); its processes keep running."""
+    name = body.name if body is not None else None
+
+    async def create() -> Response:
+        record = await services.snapshots.create(principal, container_id, name)
+        return JSONResponse(schemas.snapshot(record))
+
+    return await idempotent(request, principal, services, create, rerun=True)
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -61,7 +61,7 @@ UNBOUNDED_TIMEOUT_MS = 24 * 60 * 60 * 1000
 # The server's default clamp for one stream of one command, in characters.
 EXEC_MAX_OUTPUT_LENGTH = 65_536
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-LIVE_STATUSES = ("running", "sleeping")  # a sleeping container wakes on its next call
+LIVE_STATUSES = ("running", "sleeping", "paused")  # either wakes on its next call
 # The server's error code for a path whose symbolic links lead out of /mnt/data.
 PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
 

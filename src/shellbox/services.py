@@ -1,8 +1,9 @@
 """Wiring: build every service from the settings, in dependency order, and tear them down.
 
 The one composition root. Features (apply_patch, skills, egress, responses) are built here
-with the collaborators they need and attached to the core services through their hooks; no
-feature imports this module, and the core never imports a feature's service.
+with the collaborators they need and attached to the core services: to container creation as
+``ContainerFeature``s (``shellbox.features``), to the calls endpoint as a handler. No feature
+imports this module or the service layer, and the core never imports a feature's service.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from shellbox.egress.service import EgressService
@@ -17,9 +19,9 @@ from shellbox.egress.service import install as install_egress
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
 from shellbox.service.calls import CallService
-from shellbox.service.containers import ContainerService
+from shellbox.service.containers import ContainerService, default_spec
 from shellbox.service.files import FileService
-from shellbox.service.idempotency import IdempotencyService
+from shellbox.service.idempotency import IdempotencyService, KeyedCreations
 from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
@@ -98,13 +100,17 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         run_file=settings.private_dir() / "run",
         heartbeat_s=settings.lifecycle.reaper_interval_s,
     )
-    containers.provision_hooks.append(idempotency.attach_container)
-    containers.reap_hooks.append(idempotency.purge_expired)
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-    # Hook order is creation order: skills' mounts, then egress's namespace and proxy policy.
-    skills = install_skills(settings, stores.skills, containers)
-    egress = install_egress(settings, stores.egress, stores.containers, runtime, containers)
+    skills = install_skills(settings, stores.skills, stores.containers)
+    spec = partial(default_spec, settings)
+    egress = install_egress(settings, stores.egress, stores.containers, runtime, spec)
+    # Attachment order is the order of every step: the files' index and the idempotency key
+    # first, then skills' mounts, then egress's namespace and proxy policy.
+    containers.attach(files)
+    containers.attach(KeyedCreations(idempotency))
+    containers.attach(skills.mounts)
+    containers.attach(egress, pool=("allowlist", egress.warm))
     responses = ResponsesService(settings.upstream, stores.responses, containers, calls, files)
     return Services(
         settings,

@@ -107,6 +107,23 @@ def test_a_call_cites_only_what_changed_during_it(
     assert [f["filename"] for f in item["files"]] == ["slow.txt"]
 
 
+def test_an_item_is_checked_against_its_model(http: httpx.Client, cid: str) -> None:
+    url = f"/v1/containers/{cid}/calls"
+    local = "local_shell_call"
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"type": local, "action": {"command": ["id"], "user": ["root"]}}, "action.user"),
+        ({"type": local, "action": {"command": ["id"], "timeout_ms": True}}, "action.timeout_ms"),
+        ({"type": "apply_patch_call", "operation": {"type": "create_file"}}, "operation.path"),
+    ]
+    for body, param in bad:
+        r = http.post(url, json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert error_of(r)["param"] == param, (body, r.text)
+    ok = {"type": "local_shell_call", "action": {"command": ["id", "-u"], "user": 1000}}
+    r = http.post(url, json=ok)
+    assert r.status_code == 200 and r.json()["output"].strip() == "1000", r.text
+
+
 def test_commands_count_and_validation(http: httpx.Client, cid: str) -> None:
     url = f"/v1/containers/{cid}/calls"
     for commands in ([], ["true"] * 101):

@@ -263,6 +263,25 @@ def test_x_api_key_and_error_envelope(env: LLMEnv) -> None:
     env.llm.done()
 
 
+def test_badly_typed_fields_are_400s_in_anthropic_envelope(env: LLMEnv) -> None:
+    env.llm.script()
+    base = {
+        "model": MODELS["chat"],
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with httpx.Client(base_url=env.server.root_url, timeout=30) as http:
+        for field, value in (("temperature", "hot"), ("stream", "yes"), ("max_tokens", "ten")):
+            r = http.post(
+                "/v1/messages", headers={"x-api-key": env.api_key}, json={**base, field: value}
+            )
+            assert r.status_code == 400, (field, r.text)
+            body = r.json()
+            assert body["type"] == "error" and body["error"]["param"] == field, body
+            assert field in body["error"]["message"], body
+    assert env.llm.done() == []
+
+
 def test_upstream_failure_is_a_502(env: LLMEnv, claude: anthropic.Anthropic) -> None:
     env.llm.script(Reply(status=503, raw={"error": {"message": "down for maintenance"}}))
     with pytest.raises(anthropic.APIStatusError) as info:

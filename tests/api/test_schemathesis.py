@@ -97,6 +97,23 @@ def test_every_operation_is_documented(fuzz_server: Any) -> None:
                 assert {"400", "401", "404", "413"} <= set(spec["responses"]), path
 
 
+def test_json_bodies_are_documented_as_their_models(fuzz_server: Any) -> None:
+    doc = httpx.get(f"{fuzz_server.root_url}/openapi.json").json()
+    components = doc["components"]["schemas"]
+    expected = {
+        ("post", "/v1/responses"): ("ResponseRequestBody", {"model", "input", "stream"}),
+        ("post", "/v1/messages"): ("MessagesRequestBody", {"model", "messages", "max_tokens"}),
+        ("post", "/v1/skills/{skill_id}"): ("UpdateSkillBody", {"default_version"}),
+        ("post", "/v1/containers"): ("CreateContainerBody", {"name", "network_policy"}),
+        ("post", "/v1/containers/{container_id}/calls"): ("CallItem", set()),
+    }
+    for (method, path), (model, fields) in expected.items():
+        schema = doc["paths"][path][method]["requestBody"]["content"]["application/json"]
+        assert schema["schema"] == {"$ref": f"#/components/schemas/{model}"}, (path, schema)
+        assert fields <= set(components[model].get("properties", {})), (model, components[model])
+    assert components["ResponseRequestBody"]["required"] == ["model"]
+
+
 def test_fuzzed_requests_get_documented_answers(fuzz_server: Any) -> None:
     base = fuzz_server.root_url
     schema = schemathesis.openapi.from_url(f"{base}/openapi.json")

@@ -6,13 +6,15 @@ Layers, top down (a module may import its own layer and those below):
     app, cli                      the entry points
     api                           HTTP: routes, schemas, errors
     services                      the one composition root
-    responses, egress, skills     features, built by the root with their collaborators
+    responses                     the Responses feature, which runs calls through service
     service                       orchestration of containers, files, calls
-    sandbox, store, patch, agent  runtimes, persistence, pure libraries
-    settings, errors, ids, memory what everything shares
+    egress, skills, features,     features container creation calls (through the protocol
+    sandbox, store, patch, agent  in ``features``), runtimes, persistence, pure libraries
+    settings, errors, ids,        what everything shares
+    principal, memory
 
-(The design puts egress and skills beside store and sandbox, below service; they still take
-the container service's value types from ``service``, so they sit above it for now.)
+This is design.md's api -> service -> {store, sandbox, egress, skills, patch, agent}: egress
+and skills sit beside store and sandbox, and import nothing from service or above.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ LAYERS = [
     {"app", "cli", "__main__", "integrations", "client"},
     {"api"},
     {"services"},
-    {"responses", "egress", "skills"},
+    {"responses"},
     {"service"},
-    {"sandbox", "store", "patch", "agent"},
-    {"settings", "errors", "ids", "types", "memory", "__init__"},
+    {"egress", "skills", "features", "sandbox", "store", "patch", "agent"},
+    {"settings", "errors", "ids", "types", "memory", "principal", "__init__"},
 ]
 
 
@@ -124,3 +126,6 @@ def test_the_checks_catch_what_they_must() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _layer("shellbox.service.files") > _layer("shellbox.api.routes.files")
     assert _layer("shellbox.sandbox.crun") > _layer("shellbox.service.containers")
+    assert _layer("shellbox.egress.service") > _layer("shellbox.service.containers")
+    assert _layer("shellbox.skills.mounts") > _layer("shellbox.service.containers")
+    assert _layer("shellbox.skills") == _layer("shellbox.store") == _layer("shellbox.sandbox")

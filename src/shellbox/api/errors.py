@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -71,6 +72,20 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
     return out or where
 
 
+def invalid_request(errors: Sequence[Any], param: str | None) -> str:
+    """The message of a 400 for pydantic's ``errors`` (their first names ``param``)."""
+    first = errors[0] if errors else {"msg": "invalid request"}
+    where = f" at {param}" if param else ""
+    msg = f"Invalid request{where}: {first.get('msg', 'invalid value')}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return msg
+
+
+# Routes whose errors carry Anthropic's envelope (the OpenAI fields inside), body checks too.
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ShellboxError)
     async def _shellbox(_: Request, exc: ShellboxError) -> JSONResponse:
@@ -79,7 +94,7 @@ def install(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":  # loc is ("body", offset)
@@ -87,10 +102,15 @@ def install(app: FastAPI) -> None:
             msg = f"The body is not valid JSON (at character {offset}); send one JSON object"
             return envelope(400, msg, param="body", code="invalid_value")
         param = _loc_to_param(tuple(first.get("loc", ())))
-        where = f" at {param}" if param else ""
-        msg = f"Invalid request{where}: {first.get('msg', 'invalid value')}"
-        if len(errors) > 1:
-            msg += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        msg = invalid_request(errors, param)
+        if request.url.path in ANTHROPIC_PATHS and first.get("loc", ())[:1] == ("body",):
+            error = {
+                "type": "invalid_request_error",
+                "message": msg,
+                "param": param,
+                "code": "invalid_value",
+            }
+            return JSONResponse({"type": "error", "error": error}, status_code=400)
         return envelope(400, msg, param=param, code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)

@@ -4,9 +4,19 @@ as plain dicts built from the service's records (mirroring the OpenAI objects)."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+)
 
 from shellbox.sandbox import RuntimeInfo
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord
@@ -54,6 +64,79 @@ class CreateContainerFileBody(_Body):
     file_id: str
 
 
+def _string_or_integer(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        msg = "must be a version number (as a string) or 'latest'"
+        raise ValueError(msg)
+    return value
+
+
+class UpdateSkillBody(_Body):
+    # "3", 3 or "latest" (the skills service reads which version it names)
+    default_version: Annotated[
+        Any,
+        AfterValidator(_string_or_integer),
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]}),
+    ] = Field(None, description="the version number to make the default, or 'latest'")
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        msg = "must be a number"
+        raise ValueError(msg)
+    return value  # as sent: an int stays an int on its way upstream
+
+
+# A JSON number, kept as it came (pydantic's float would turn 1 into 1.0).
+Number = Annotated[Any, AfterValidator(_number), WithJsonSchema({"type": "number"})]
+
+
+class _Open(BaseModel):
+    """A body that takes fields beyond those typed here: the model APIs accept informational
+    fields (``include``, ``service_tier``, ``metadata``...) and their parsers refuse the
+    unsupported ones by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ResponseRequestBody(_Open):
+    """``POST /v1/responses``. The nested shapes (``input``, ``tools``, ``tool_choice``) are
+    checked by ``responses.request``, which names the item at fault (``input[2].type``)."""
+
+    model: StrictStr = Field(min_length=1)
+    input: Any = Field(None, description="a string, or a list of input items")
+    instructions: StrictStr | None = None
+    previous_response_id: StrictStr | None = Field(None, min_length=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    metadata: dict[str, Any] | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    max_tool_calls: StrictInt | None = Field(None, ge=1)
+    parallel_tool_calls: StrictBool | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+
+
+class MessagesRequestBody(_Open):
+    """``POST /v1/messages`` (Anthropic's shape). ``messages``, ``system``, ``tools`` and
+    ``tool_choice`` are checked by ``responses.messages``, which names the block at fault."""
+
+    model: StrictStr = Field(min_length=1)
+    messages: list[Any] | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    system: Any = Field(None, description="a string, or a list of text blocks")
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    stream: StrictBool | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    stop_sequences: list[StrictStr] | None = None
+
+
 def image(info: RuntimeInfo) -> dict[str, str]:
     """Which sandbox image a container runs (an extension field: the SDK keeps extra fields).
     The id is ``<profile>-<recipe hash>``; ``shellbox image info`` lists its versions."""
@@ -61,14 +144,15 @@ def image(info: RuntimeInfo) -> dict[str, str]:
 
 
 # The tool-call items ``POST /v1/containers/{id}/calls`` takes, as a model emits them. The
-# route reads the item itself (service.calls checks it and names the field at fault); these
-# models document it.
+# route reads the body itself (json_body.py: one copy of a large body) and checks it against
+# the model its ``type`` names (``CALL_ITEMS``); the limits (how many commands, the clamps)
+# and the item types a feature adds are the calls service's, which checks every item it runs.
 
 
 class ShellAction(_Body):
-    commands: list[str] = Field(description="run in order by bash -c in /mnt/data")
-    timeout_ms: int | None = Field(None, description="per command; clamped to the maximum")
-    max_output_length: int | None = Field(None, description="characters kept of each stream")
+    commands: list[StrictStr] = Field(description="run in order by bash -c in /mnt/data")
+    timeout_ms: StrictInt | None = Field(None, description="per command; clamped to the maximum")
+    max_output_length: StrictInt | None = Field(None, description="characters kept of each stream")
 
 
 class ShellCallItem(_Body):
@@ -79,10 +163,10 @@ class ShellCallItem(_Body):
 
 class LocalShellAction(_Body):
     type: Literal["exec"] = "exec"
-    command: list[str] = Field(description="an argv")
-    env: dict[str, str] | None = None
-    timeout_ms: int | None = None
-    user: str | None = None
+    command: list[StrictStr] = Field(description="an argv")
+    env: dict[str, StrictStr] | None = None
+    timeout_ms: StrictInt | None = None
+    user: StrictStr | StrictInt | None = Field(None, description="user, sandbox or 1000")
     working_directory: str | None = Field(None, description="relative ones are under /mnt/data")
 
 
@@ -94,18 +178,52 @@ class LocalShellCallItem(_Body):
 
 class PatchOperation(_Body):
     type: Literal["create_file", "update_file", "delete_file"]
-    path: str
-    diff: str | None = Field(None, description="a V4A diff (not for delete_file)")
+    path: StrictStr
+    diff: StrictStr | None = Field(None, description="a V4A diff (not for delete_file)")
+    move_to: StrictStr | None = Field(None, description="update_file only: the new path")
 
 
 class ApplyPatchCallItem(_Body):
+    """One of ``operation``, ``operations`` (the Agents SDK's plural form) or ``patch`` (a
+    whole ``*** Begin Patch`` envelope)."""
+
     type: Literal["apply_patch_call"]
     call_id: str | None = None
-    operation: PatchOperation
+    operation: PatchOperation | None = None
+    operations: list[PatchOperation] | None = None
+    patch: StrictStr | None = None
 
 
 class CallItem(RootModel[ShellCallItem | LocalShellCallItem | ApplyPatchCallItem]):
     """One tool-call item; with ``?stream=true``, a ``shell_call`` only."""
+
+
+CALL_ITEMS: dict[str, type[_Body]] = {
+    "shell_call": ShellCallItem,
+    "local_shell_call": LocalShellCallItem,
+    "apply_patch_call": ApplyPatchCallItem,
+}
+
+
+def field_path(model: type[BaseModel], loc: Sequence[int | str]) -> str:
+    """The field of ``model`` an error at ``loc`` is in: ``("action", "commands", 0)`` is
+    ``action.commands`` (the list), ``("action", "env", "A")`` is ``action.env`` (the map)."""
+    parts: list[str] = []
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None or not isinstance(part, str) or part not in current.model_fields:
+            break
+        parts.append(part)
+        annotation = current.model_fields[part].annotation
+        current = next(
+            (
+                a
+                for a in (annotation, *get_args(annotation))
+                if get_origin(a) is None and isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            None,
+        )
+    return ".".join(parts) or "body"
 
 
 def container(record: ContainerRecord, runtime: RuntimeInfo) -> dict[str, Any]:

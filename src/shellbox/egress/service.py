@@ -1,8 +1,8 @@
 """The egress feature: allowlist containers get a namespace, the proxy's CA and variables,
 and placeholders for their secrets; the proxy gets their policy; the audit gets ingested.
 
-Built by ``install`` (called by the composition root, ``services.py``) and hooked into
-container creation:
+Built by ``install`` (called by the composition root, ``services.py``, which attaches it to
+container creation as a ``ContainerFeature``, with its warm pool for allowlist creations):
 
 - provision: validate ``network_policy`` (400 naming the bad entry; the operator's
   ``egress.allow`` bounds it), take a namespace from the warm pool, tell the proxy the
@@ -26,6 +26,7 @@ import secrets as random
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,14 @@ from shellbox.egress.paths import (
 from shellbox.egress.sealing import SecretSealer, load_key, seal_plaintext_rows
 from shellbox.egress.supervisor import ProxySupervisor, find_python
 from shellbox.errors import InvalidRequest, SandboxError
+from shellbox.features import ContainerFeature, CreateContainer, Provisioned
+from shellbox.principal import Principal
 from shellbox.sandbox import ContainerSpec, Mount, Runtime
 from shellbox.sandbox.run_dirs import run_base_for
-from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
-from shellbox.service.models import ContainerRecord, Principal
-from shellbox.service.warm_pool import WarmPool
+from shellbox.sandbox.warm_pool import WarmPool
 from shellbox.settings import Settings
 from shellbox.store import ContainerStore, EgressStore
+from shellbox.store.records import ContainerRecord
 
 log = logging.getLogger("shellbox.egress")
 
@@ -59,17 +61,17 @@ PLACEHOLDER_PREFIX = "shellbox-secret-"
 AUDIT_INTERVAL_S = 0.5
 
 
-class EgressService:
+class EgressService(ContainerFeature):
     def __init__(
         self,
         settings: Settings,
         store: EgressStore,
         container_rows: ContainerStore,
         runtime: Runtime,
-        containers: ContainerService,
+        default_spec: Callable[[str], ContainerSpec],
     ) -> None:
         self.state_dir = settings.state_dir
-        self.containers = containers
+        self.default_spec = default_spec  # a container created with no options, by id
         self.settings = settings.egress
         self.store = store
         self.container_rows = container_rows
@@ -332,7 +334,7 @@ class EgressService:
         slot = await self.pool.acquire()
         self._pooled_slots[cid] = slot
         return dataclasses.replace(
-            self.containers.default_spec(cid),
+            self.default_spec(cid),
             env=self._env(slot),
             mounts=tuple(self._mounts()),
             netns_path=slot.netns_path,
@@ -413,15 +415,9 @@ def install(
     store: EgressStore,
     container_rows: ContainerStore,
     runtime: Runtime,
-    containers: ContainerService,
+    default_spec: Callable[[str], ContainerSpec],
 ) -> EgressService:
-    """The egress feature, hooked into container creation (the caller closes it)."""
-    egress = EgressService(settings, store, container_rows, runtime, containers)
+    """The egress feature (the caller attaches it to container creation, and closes it)."""
+    egress = EgressService(settings, store, container_rows, runtime, default_spec)
     seal_plaintext_rows(container_rows, egress.sealer)
-    c = containers
-    c.check_hooks.append(egress.check)
-    c.provision_hooks.append(egress.provision)
-    c.before_start_hooks.append(egress.before_start)
-    c.release_hooks.append(egress.release)
-    c.pools["allowlist"] = egress.warm
     return egress

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from shellbox.errors import (
@@ -28,57 +27,19 @@ from shellbox.errors import (
     SandboxError,
     SnapshotNotFound,
 )
+from shellbox.features import ContainerFeature, PolicyType, Provisioned
+from shellbox.features import CreateContainer as CreateContainer  # (re-exported: api, responses)
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, Mount, Runtime
+from shellbox.sandbox import ContainerSpec, Runtime
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
+from shellbox.sandbox.warm_pool import WarmPool
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
-from shellbox.service.warm_pool import WarmPool
 from shellbox.settings import Settings
 from shellbox.store import ContainerStore, Quota, SnapshotStore, Usage
 from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, responses)
 
 log = logging.getLogger("shellbox.containers")
 DEFAULT_MEMORY: MemoryLimit = "1g"
-
-
-@dataclass
-class CreateContainer:
-    name: str
-    memory_limit: str = "1g"
-    expires_after_minutes: int | None = None
-    file_ids: list[str] = field(default_factory=list)
-    network_policy: dict[str, Any] = field(default_factory=lambda: {"type": "disabled"})
-    skills: list[dict[str, Any]] = field(default_factory=list)
-    snapshot_id: str | None = None  # start from this snapshot's files
-
-
-@dataclass
-class Provisioned:
-    """What the egress and skills features add to a container's spec (and what their checks
-    found, for their provisioning to use rather than validate again)."""
-
-    # The request's network policy as the egress check validated it (its own type: the
-    # container service only carries it to the egress provision hook).
-    allowlist: object | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    mounts: list[Mount] = field(default_factory=list)
-    netns_path: str | None = None
-    hosts: dict[str, str] = field(default_factory=dict)
-    network_policy: dict[str, Any] = field(default_factory=lambda: {"type": "disabled"})
-    secrets: list[dict[str, str]] = field(default_factory=list)
-    skills: list[dict[str, Any]] = field(default_factory=list)
-
-
-# Hooks the optional features register: each gets (principal, request, container id,
-# provisioned-so-far) and fills in its part, or raises InvalidRequest. ``release`` hooks undo
-# per-container resources when a container ends.
-ProvisionHook = Callable[[Principal, CreateContainer, str, Provisioned], Coroutine[Any, Any, None]]
-ReleaseHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
-StartHook = Callable[[ContainerRecord], Coroutine[Any, Any, None]]
-ReapHook = Callable[[], Coroutine[Any, Any, None]]
-# Checks get the request and what is provisioned so far (nothing yet but what earlier checks
-# noted): each raises InvalidRequest, or notes what it validated for its provision hook.
-CheckHook = Callable[[Principal, CreateContainer, Provisioned], object]
 
 
 class ContainerService:
@@ -93,11 +54,8 @@ class ContainerService:
         self.store = store
         self.runtime = runtime
         self.snapshots = snapshots
-        self.check_hooks: list[CheckHook] = []  # validation, before anything is allocated
-        self.provision_hooks: list[ProvisionHook] = []
-        self.release_hooks: list[ReleaseHook] = []
-        self.before_start_hooks: list[StartHook] = []
-        self.reap_hooks: list[ReapHook] = []  # other housekeeping, on every reaper round
+        # Called at each step of every container's life, in the order attached (``attach``).
+        self.features: list[ContainerFeature] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
         # Live containers this server has used, by id: one shared record per container, so
@@ -113,7 +71,7 @@ class ContainerService:
         self._creating: dict[str, list[str]] = {}
         self._reaper: asyncio.Task[None] | None = None
         # Started containers kept ready, by the network policy type they serve.
-        self.pools: dict[str, WarmPool] = {
+        self.pools: dict[PolicyType, WarmPool] = {
             "disabled": WarmPool(
                 runtime, self._default_spec_soon, settings.lifecycle.warm_pool_size
             )
@@ -121,6 +79,15 @@ class ContainerService:
         # Set by the file service so file_ids are copied in at creation.
         self.copy_files: Callable[[Principal, str, list[str]], Coroutine[Any, Any, None]] | None
         self.copy_files = None
+
+    def attach(
+        self, feature: ContainerFeature, *, pool: tuple[PolicyType, WarmPool] | None = None
+    ) -> None:
+        """Take part in every container's life from now on (the composition root's call);
+        ``pool``: containers the feature keeps ready for creations of this policy type."""
+        self.features.append(feature)
+        if pool is not None:
+            self.pools[pool[0]] = pool[1]
 
     def _lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
@@ -197,8 +164,8 @@ class ContainerService:
             msg = "network_policy.type must be 'disabled' or 'allowlist'"
             raise InvalidRequest(msg, param="network_policy.type")
         prov = Provisioned()
-        for check in self.check_hooks:
-            check(principal, req, prov)
+        for feature in self.features:
+            feature.check(principal, req, prov)
         if req.snapshot_id is not None:
             self._snapshot_of(principal, req.snapshot_id)  # 404 before anything is allocated
         # A pooled container fits a request that asks for nothing beyond its pool's spec (but
@@ -214,8 +181,8 @@ class ContainerService:
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
         try:
-            for hook in self.provision_hooks:
-                await hook(principal, req, cid, prov)
+            for feature in self.features:
+                await feature.provision(principal, req, cid, prov)
             if policy_type == "allowlist" and prov.network_policy.get("type") != "allowlist":
                 msg = (
                     "network_policy 'allowlist' is not available on this server (egress is not "
@@ -273,8 +240,8 @@ class ContainerService:
             in_database()  # the row counts against the caps from here on
             if req.file_ids and self.copy_files is not None:
                 await self.copy_files(principal, cid, req.file_ids)
-            for start_hook in self.before_start_hooks:
-                await start_hook(record)
+            for feature in self.features:
+                await feature.before_start(record)
             if pooled is None:
                 await self.runtime.start(cid)
         except BaseException:
@@ -294,19 +261,7 @@ class ContainerService:
             raise SnapshotNotFound(msg, param="snapshot_id")
 
     async def _default_spec_soon(self, cid: str) -> ContainerSpec:
-        return self.default_spec(cid)
-
-    def default_spec(self, cid: str) -> ContainerSpec:
-        """The spec of a container created with no options (what the default pool holds)."""
-        rs = self.settings.runtime
-        return ContainerSpec(
-            id=cid,
-            memory_limit=DEFAULT_MEMORY,
-            pids_limit=rs.pids_limit,
-            cpus=rs.cpus,
-            tmp_size_mb=rs.tmp_size_mb,
-            disk_limit_bytes=self.settings.disk_limit_bytes(),
-        )
+        return default_spec(self.settings, cid)
 
     async def _discard(self, cid: str, prov: Provisioned) -> None:
         """Undo a creation that failed half-way."""
@@ -327,14 +282,14 @@ class ContainerService:
             await self.runtime.destroy(cid)
         except Exception:
             log.exception("undoing the creation of %s: destroying its sandbox failed", cid)
-        for hook in self.release_hooks:
+        for feature in self.features:
             try:
-                await hook(record)
+                await feature.release(record)
             except Exception:
                 log.exception(
-                    "undoing the creation of %s: release hook %s failed",
+                    "undoing the creation of %s: releasing it in %s failed",
                     cid,
-                    getattr(hook, "__qualname__", hook),
+                    type(feature).__qualname__,
                 )
         self.store.remove(cid)
 
@@ -394,11 +349,13 @@ class ContainerService:
         self._forget_live(record.id, new_status)
         if was_live:
             await self.runtime.destroy(record.id)
-            for hook in self.release_hooks:
+            for feature in self.features:
                 try:
-                    await hook(record)
+                    await feature.release(record)
                 except Exception:
-                    log.exception("releasing container %s failed", record.id)
+                    log.exception(
+                        "releasing container %s in %s failed", record.id, type(feature).__qualname__
+                    )
         self.store.set_status(record.id, new_status, deleted=status == "deleted")
         record.status = new_status
         self._forget_live(record.id, new_status)  # claimed from the database meanwhile
@@ -502,8 +459,8 @@ class ContainerService:
         if await self.runtime.state(record.id) == "paused":
             await self.runtime.resume(record.id)
             return
-        for hook in self.before_start_hooks:
-            await hook(record)
+        for feature in self.features:
+            await feature.before_start(record)
         await self.runtime.start(record.id)
 
     async def pause(self, principal: Principal, cid: str) -> ContainerRecord:
@@ -560,11 +517,11 @@ class ContainerService:
                         await self._sleep(record)
             except Exception:
                 log.exception("reaper failed on container %s", record.id)
-        for hook in self.reap_hooks:
+        for feature in self.features:
             try:
-                await hook()
+                await feature.housekeep()
             except Exception:
-                log.exception("reaper hook %s failed", getattr(hook, "__qualname__", hook))
+                log.exception("housekeeping of %s failed", type(feature).__qualname__)
 
     async def _sleep(self, record: ContainerRecord) -> None:
         """Idle: freeze its processes (they keep their memory and answer after the next
@@ -614,8 +571,8 @@ class ContainerService:
                     if await self.runtime.state(record.id) == "paused":
                         # Frozen for a snapshot by a server that died in that instant.
                         await self.runtime.resume(record.id)
-                    for hook in self.before_start_hooks:
-                        await hook(record)
+                    for feature in self.features:
+                        await feature.before_start(record)
                     await self.runtime.start(record.id)  # adopts it when its agent answers
                 except Exception:
                     log.exception("could not restart container %s; it will sleep", record.id)
@@ -625,6 +582,19 @@ class ContainerService:
                 state = await self.runtime.state(record.id)
                 if state not in ("absent", "paused"):
                     await self.runtime.stop(record.id)
+
+
+def default_spec(settings: Settings, cid: str) -> ContainerSpec:
+    """The spec of a container created with no options (what the default pool holds)."""
+    rs = settings.runtime
+    return ContainerSpec(
+        id=cid,
+        memory_limit=DEFAULT_MEMORY,
+        pids_limit=rs.pids_limit,
+        cpus=rs.cpus,
+        tmp_size_mb=rs.tmp_size_mb,
+        disk_limit_bytes=settings.disk_limit_bytes(),
+    )
 
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:

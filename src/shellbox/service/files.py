@@ -19,6 +19,7 @@ from typing import BinaryIO
 import anyio
 
 from shellbox.errors import FileNotFound, InvalidRequest, PayloadTooLarge
+from shellbox.features import ContainerFeature
 from shellbox.ids import new_id
 from shellbox.sandbox import FileInfo
 from shellbox.sandbox.datapath import DATA_MOUNT, check_name_limits, relative_path
@@ -38,7 +39,7 @@ def _check_size(size: int, cap: int) -> None:
         raise PayloadTooLarge(msg, param="file")
 
 
-class FileService:
+class FileService(ContainerFeature):
     def __init__(
         self,
         settings: Settings,
@@ -53,8 +54,6 @@ class FileService:
         self.blob_dir = settings.state_dir / "files"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         containers.copy_files = self.copy_into_container
-        containers.release_hooks.append(self.forget)
-        containers.reap_hooks.append(self.purge_expired)
         self._next_purge = 0.0
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
@@ -185,9 +184,9 @@ class FileService:
         self.store.delete(file_id)
         self._blob(file_id).unlink(missing_ok=True)
 
-    async def purge_expired(self) -> None:
+    async def housekeep(self) -> None:
         """Delete Files API files past their ``expires_after`` (rows and bytes), and uploads
-        a crash left half-written; a reaper hook, at most once per files_purge_interval_s."""
+        a crash left half-written; each reaper round, at most once per files_purge_interval_s."""
         now = time.time()
         if now < self._next_purge:
             return
@@ -326,7 +325,7 @@ class FileService:
         found = [known[p] for p, seq in stamps.items() if seq > mark and p in known]
         return sorted(found, key=lambda f: (f.mtime_ns, f.id), reverse=True)
 
-    async def forget(self, record: ContainerRecord) -> None:
+    async def release(self, record: ContainerRecord) -> None:
         """A container ended (expired or deleted): its files are gone, and so is their index."""
         self._known.pop(record.id, None)
         self._changed_at.pop(record.id, None)

@@ -34,7 +34,7 @@ from shellbox.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
 )
-from shellbox.service.containers import CreateContainer, Provisioned
+from shellbox.features import ContainerFeature, CreateContainer, Provisioned
 from shellbox.service.models import Principal
 from shellbox.store import IdempotencyStore
 from shellbox.store.tables import MAX_IDEMPOTENCY_KEY_LENGTH
@@ -69,7 +69,7 @@ class Begun:
 
 
 # The claim of the request being served, so that a provision hook deep in the container
-# service can link the container it makes to the key (see ``attach_container``).
+# service can link the container it makes to the key (see ``KeyedCreations``).
 current_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar(
     "shellbox_idempotency_claim", default=None
 )
@@ -183,17 +183,8 @@ class IdempotencyService:
     def attach(self, claim: Claim, resource_id: str) -> None:
         self.store.attach(claim.project, claim.key, self.run, resource_id)
 
-    async def attach_container(
-        self, _principal: Principal, _req: CreateContainer, cid: str, _prov: Provisioned
-    ) -> None:
-        """A provision hook: the container a keyed create is making is written down before
-        its record is, so a retry after a crash finds it rather than making a second one."""
-        claim = current_claim.get()
-        if claim is not None:
-            self.attach(claim, cid)
-
     async def purge_expired(self) -> None:
-        """A reaper hook: report this run alive; forget keys older than the TTL (at most once
+        """Each reaper round: report this run alive; forget keys older than the TTL (at most once
         a minute)."""
         now = time.time()
         self.store.heartbeat(self.run, int(now))
@@ -201,3 +192,23 @@ class IdempotencyService:
             return
         self._next_purge = now + PURGE_INTERVAL_S
         self.store.purge(int(now - self.ttl_s))
+
+
+@dataclass(frozen=True)
+class KeyedCreations(ContainerFeature):
+    """The idempotency service's part in container creation (its own ``release`` is a
+    claim's): the container a keyed create is making is written down before its record is,
+    so a retry after a crash finds it rather than making a second one; and each reaper round
+    purges what expired."""
+
+    service: IdempotencyService
+
+    async def provision(
+        self, principal: Principal, req: CreateContainer, cid: str, prov: Provisioned
+    ) -> None:
+        claim = current_claim.get()
+        if claim is not None:
+            self.service.attach(claim, cid)
+
+    async def housekeep(self) -> None:
+        await self.service.purge_expired()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from shellbox.principal import Principal
 from shellbox.store.records import (
     ContainerFileRecord,
     ContainerRecord,
@@ -12,11 +11,3 @@ from shellbox.store.records import (
 )
 
 __all__ = ["ContainerFileRecord", "ContainerRecord", "ContainerStatus", "FileRecord", "Principal"]
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the project their key belongs to."""
-
-    project: str
-    key_id: str | None = None

@@ -27,13 +27,14 @@ from typing import Any
 import anyio
 
 from shellbox.errors import InvalidRequest, ShellboxError
+from shellbox.features import ContainerFeature, CreateContainer, Provisioned
+from shellbox.principal import Principal
 from shellbox.sandbox import Mount
-from shellbox.service.containers import ContainerService, CreateContainer, Provisioned
-from shellbox.service.models import ContainerRecord, Principal
 from shellbox.skills.bundle import MAX_DESCRIPTION, Caps, check_name, unpack_zip
 from shellbox.skills.models import SkillVersionRecord, parse_version
 from shellbox.skills.paths import SkillPaths, remove
 from shellbox.store import ContainerStore, SkillStore
+from shellbox.store.records import ContainerRecord
 
 log = logging.getLogger("shellbox.skills")
 MOUNT_ROOT = "/mnt/skills"
@@ -99,7 +100,7 @@ def _inline(raw: dict[str, Any], param: str, max_bytes: int) -> _Inline:
 Resolve = Callable[..., SkillVersionRecord]
 
 
-class SkillMounts:
+class SkillMounts(ContainerFeature):
     def __init__(
         self,
         *,
@@ -109,7 +110,6 @@ class SkillMounts:
         caps: Caps,
         max_per_container: int,
         resolve: Resolve,
-        containers_service: ContainerService,
     ) -> None:
         self.resolve = resolve  # ``SkillService.resolve``
         self.paths = paths
@@ -119,9 +119,6 @@ class SkillMounts:
         self.max_per_container = max_per_container
         # Versions that containers being created will mount, before their rows say so.
         self._pending: dict[str, set[VersionKey]] = {}
-        containers_service.provision_hooks.append(self.provision)
-        containers_service.before_start_hooks.append(self.started)
-        containers_service.release_hooks.append(self.release)
 
     # -- container hooks --------------------------------------------------------------------
 
@@ -222,7 +219,7 @@ class SkillMounts:
         mounts.append(Mount(index, INDEX, read_only=True))
         return entries, mounts
 
-    async def started(self, record: ContainerRecord) -> None:
+    async def before_start(self, record: ContainerRecord) -> None:
         # The container's row (with its skills) is in the database now; it speaks for them.
         self._pending.pop(record.id, None)
 

@@ -21,20 +21,21 @@ import anyio
 
 from shellbox.errors import InvalidRequest, SkillNotFound
 from shellbox.ids import new_id
-from shellbox.service.containers import ContainerService
-from shellbox.service.models import Principal
+from shellbox.principal import Principal
 from shellbox.settings import Settings
 from shellbox.skills.bundle import BundleUpload, Caps, Manifest, stage
 from shellbox.skills.models import SkillRecord, SkillVersionRecord, VersionRef, parse_version
 from shellbox.skills.mounts import SkillMounts
 from shellbox.skills.paths import SkillPaths, remove
-from shellbox.store import SkillStore
+from shellbox.store import ContainerStore, SkillStore
 from shellbox.store.db import Order
 from shellbox.store.skills import NewVersion
 
 
 class SkillService:
-    def __init__(self, settings: Settings, store: SkillStore, containers: ContainerService) -> None:
+    def __init__(
+        self, settings: Settings, store: SkillStore, container_rows: ContainerStore
+    ) -> None:
         self.settings = settings
         self.store = store
         self.caps = Caps.from_settings(settings.skills)
@@ -43,11 +44,10 @@ class SkillService:
         self.mounts = SkillMounts(
             paths=self.paths,
             skills=store,
-            container_rows=containers.store,
+            container_rows=container_rows,
             caps=self.caps,
             max_per_container=settings.skills.max_per_container,
             resolve=self.resolve,
-            containers_service=containers,
         )
 
     async def start(self) -> None:

@@ -28,6 +28,7 @@ async def test_the_reaper_deletes_expired_files(runtime: OciRuntime, tmp_path: P
     db = create_database(settings.database_url())
     containers = ContainerService(settings, SqlContainerStore(db), runtime)
     files = FileService(settings, SqlFileStore(db), SqlContainerFileStore(db), containers)
+    containers.attach(files)
     short = upload(files, tmp_path, "short.txt", 2)
     kept = upload(files, tmp_path, "kept.txt", 3600)
     forever = upload(files, tmp_path, "forever.txt", None)

@@ -8,10 +8,12 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
+from shellbox.api.errors import invalid_request
 from shellbox.api.idempotency import REPLAYED, begin, idempotent, request_key
 from shellbox.api.idempotency import service as idempotency_service
 from shellbox.api.json_body import read_json_object
@@ -155,6 +157,20 @@ CALL_BODY: dict[str, Any] = {  # the body is read by hand (json_body.py): descri
 }
 
 
+def check_item(item: dict[str, Any]) -> None:
+    """The item against the model its ``type`` names (a 400 naming the field); an unknown
+    type is the calls service's to refuse, which lists the types it runs."""
+    model = schemas.CALL_ITEMS.get(str(item.get("type")))
+    if model is None:
+        return
+    try:
+        model.model_validate(item)
+    except ValidationError as exc:
+        errors = exc.errors()
+        param = schemas.field_path(model, errors[0]["loc"])
+        raise InvalidRequest(invalid_request(errors, param), param=param) from None
+
+
 @router.post("/{container_id}/calls", openapi_extra=CALL_BODY)
 async def create_call(
     request: Request,
@@ -167,6 +183,7 @@ async def create_call(
     matching output item (or, with ``?stream=true``, SSE events ending with that item)."""
     item = await read_json_object(request, what=CALL_ITEM)
     check_value(item)  # before anything runs: a lone surrogate or NUL is a 400 naming its field
+    check_item(item)
     if not stream:
 
         async def run() -> Response:

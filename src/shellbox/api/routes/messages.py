@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request, Security
+from fastapi import APIRouter, Depends, Header, Request, Security
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
+from shellbox.api import schemas
 from shellbox.api.deps import ServicesDep, bearer_auth, peer_host
 from shellbox.api.routes.responses import SSE_HEADERS, responses_service
 from shellbox.api.strings import check_value, checked_params
@@ -50,11 +51,12 @@ def anthropic_error(exc: ShellboxError) -> JSONResponse:
 async def create_message(
     principal: AnthropicPrincipal,
     services: ServicesDep,
-    body: Annotated[dict[str, Any], Body(description="an Anthropic Messages API request")],
+    body: schemas.MessagesRequestBody,
 ) -> Any:
+    raw = body.model_dump(exclude_unset=True)
     try:
-        check_value(body)  # here, so that its 400 too has Anthropic's envelope
-        request, streamed = messages.parse_messages_request(body)
+        check_value(raw)  # here, so that its 400 too has Anthropic's envelope
+        request, streamed = messages.parse_messages_request(raw)
         run = await responses_service(services).create_run(principal, request, id_prefix="msg_")
         if not streamed:
             await run.result()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from shellbox.api import schemas
 from shellbox.api.deps import PrincipalDep, ServicesDep
 from shellbox.api.idempotency import idempotent
 from shellbox.api.strings import checked_request
@@ -58,10 +59,10 @@ async def create_response(
     request: Request,
     principal: PrincipalDep,
     services: ServicesDep,
-    body: Annotated[dict[str, Any], Body(description="a Responses API request")],
+    body: schemas.ResponseRequestBody,
 ) -> Any:
     started = time.perf_counter_ns()
-    parsed, streamed = parse_response_request(body)
+    parsed, streamed = parse_response_request(body.model_dump(exclude_unset=True))
     service = responses_service(services)
     if streamed:
         # Idempotency-Key is not kept for streams: the response is stored under its id

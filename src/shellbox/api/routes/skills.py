@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import IO, Annotated, Any
+from typing import IO, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
+from shellbox.api import schemas
 from shellbox.api.deps import PagingDep, PrincipalDep, ServicesDep
 from shellbox.api.strings import check_form, checked_request
 from shellbox.errors import InvalidRequest
@@ -162,9 +163,9 @@ async def update_skill(
     skill_id: str,
     principal: PrincipalDep,
     services: ServicesDep,
-    body: Annotated[dict[str, Any], Body(description='{"default_version": "<number>"}')],
+    body: schemas.UpdateSkillBody,
 ) -> Any:
-    record = _service(services).update(principal, skill_id, body.get("default_version"))
+    record = _service(services).update(principal, skill_id, body.default_version)
     return JSONResponse(skill_wire(record))
 
 

@@ -8,7 +8,7 @@ first call (bench/bench_http.py: 23 ms p50 through HTTP with the pool, 33-40 ms 
 A pooled container is exactly what a fresh one would be (its spec, an empty ``/mnt/data``,
 nothing run in it yet); it is used only when a creation asks for nothing beyond that spec,
 otherwise the container is built as before. There is one pool per network policy type:
-``disabled`` (the default spec, ``ContainerService``) and ``allowlist`` (a container already
+``disabled`` (the default spec, ``service.containers``) and ``allowlist`` (a container already
 in its own egress network namespace, filled by ``egress.service`` once the proxy runs). A
 spec's ``env`` is applied per command, not at start, so a pooled container fits a request
 whose spec differs from the pooled one in ``env`` only.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 from shellbox.errors import SandboxError
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, Runtime
+from shellbox.sandbox.base import ContainerSpec, Runtime
 
 log = logging.getLogger("shellbox.warm_pool")
 RETRY_AFTER_FAILURE_S = 5.0

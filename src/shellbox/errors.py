@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     payload_too_large = "payload_too_large"
     path_outside_workspace = "path_outside_workspace"
     invalid_api_key = "invalid_api_key"
+    admin_key_required = "admin_key_required"
     not_found = "not_found"
     container_not_found = "container_not_found"
     file_not_found = "file_not_found"
@@ -112,6 +113,15 @@ class AuthenticationFailed(ShellboxError):
     status = 401
     type = "authentication_error"
     code = ErrorCode.invalid_api_key
+
+
+class PermissionDenied(ShellboxError, PermissionError):
+    """A valid key that may not do this (a project key on an admin endpoint)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = ErrorCode.admin_key_required
+    retryable = False
 
 
 class NotFound(ShellboxError, LookupError):

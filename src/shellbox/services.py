@@ -78,6 +78,24 @@ def create_services(settings: Settings, runtime: OciRuntime | None = None) -> Se
 # feature's package imports this module for ``Services``.
 
 
+def _install_metering(services: Services) -> None:
+    from shellbox.service.metering import MeteringService
+    from shellbox.service.metrics import Metrics
+    from shellbox.store.metering import SqlAdminKeyStore, SqlStatsStore, SqlUsageStore
+
+    db = services.db
+    metering = MeteringService(
+        services.settings.metering,
+        db,
+        SqlUsageStore(db),
+        SqlAdminKeyStore(db),
+        Metrics(SqlStatsStore(db)),
+    )
+    services.extras["metering"] = metering
+    services.containers.provision_hooks.append(metering.on_create)
+    services.containers.wake_hooks.append(metering.on_wake)
+
+
 def _install_apply_patch(services: Services) -> None:
     from shellbox.service.patching import PatchService
 
@@ -105,6 +123,7 @@ def _install_responses(services: Services) -> None:
 
 
 FEATURES: list[Callable[[Services], None]] = [
+    _install_metering,
     _install_apply_patch,
     _install_skills,
     _install_egress,

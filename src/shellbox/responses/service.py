@@ -20,7 +20,9 @@ from shellbox.responses.loop import Caps, LoopRequest, Run
 from shellbox.responses.responses_dialect import ResponsesDialect
 from shellbox.responses.store import ResponseStore, StoredResponse
 from shellbox.responses.upstream import UpstreamClient, check_models, resolve_target
+from shellbox.service.metering import MeteringService
 from shellbox.service.models import Principal
+from shellbox.store.metering import UsageKind
 
 if TYPE_CHECKING:
     from shellbox.services import Services
@@ -35,6 +37,8 @@ class ResponsesService:
         self.calls = services.calls
         self.files = services.files
         self.store = ResponseStore(services.db)
+        self.db = services.db
+        self.metering: MeteringService = services.extras["metering"]
         self.upstream = UpstreamClient({"chat": ChatDialect(), "responses": ResponsesDialect()})
         self.caps = Caps(
             max_iterations=settings.max_iterations,
@@ -82,16 +86,35 @@ class ResponsesService:
             calls=self.calls,
             files=self.files,
             caps=self.caps,
-            on_finish=self._saver(principal, history, carried) if req.store else None,
+            on_finish=self._finisher(principal, history, carried, req.store),
+            on_call=self.metering.metrics.observe_call,
         )
 
-    def _saver(
-        self, principal: Principal, history: list[dict[str, Any]], container_id: str | None
+    def _finisher(
+        self,
+        principal: Principal,
+        history: list[dict[str, Any]],
+        container_id: str | None,
+        store: bool,
     ) -> Callable[[Run], None]:
-        def save(run: Run) -> None:
-            self.store.save(principal, run.response(), [*history, *run.output], container_id)
+        """What completes a run: its stored response and its sandbox time, in one transaction
+        (see ``service.metering``)."""
 
-        return save
+        def finish(run: Run) -> None:
+            usage = None
+            if run.container is not None:
+                kind: UsageKind = "messages" if run.id.startswith("msg_") else "responses"
+                usage = self.metering.usage_of(run.id, principal, run.container.id, kind, run.clock)
+            if not store and usage is None:
+                return
+            with self.db.begin() as conn:
+                if store:
+                    body = run.response()
+                    self.store.save(principal, body, [*history, *run.output], container_id, conn)
+                if usage is not None:
+                    self.metering.record(conn, usage)
+
+        return finish
 
     def get(self, principal: Principal, response_id: str) -> dict[str, Any]:
         return self.store.get(principal, response_id, param="response_id").body

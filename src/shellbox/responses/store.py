@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Integer, String, Table, delete, insert, select
+from sqlalchemy.engine import Connection
 
 from shellbox.errors import ResponseNotFound
 from shellbox.service.models import Principal
@@ -49,19 +50,25 @@ class ResponseStore:
         body: dict[str, Any],
         conversation: list[dict[str, Any]],
         container_id: str | None,
+        conn: Connection | None = None,
     ) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                insert(responses).values(
-                    id=body["id"],
-                    project=principal.project,
-                    created_at=int(body["created_at"]),
-                    status=body["status"],
-                    container_id=container_id,
-                    body=body,
-                    conversation=conversation,
-                )
+        """Store a response; in the caller's transaction when given ``conn`` (the one that
+        also bills its sandbox time)."""
+        if conn is None:
+            with self.db.begin() as own:
+                self.save(principal, body, conversation, container_id, own)
+            return
+        conn.execute(
+            insert(responses).values(
+                id=body["id"],
+                project=principal.project,
+                created_at=int(body["created_at"]),
+                status=body["status"],
+                container_id=container_id,
+                body=body,
+                conversation=conversation,
             )
+        )
 
     def get(self, principal: Principal, response_id: str, *, param: str) -> StoredResponse:
         with self.db.connect() as conn:

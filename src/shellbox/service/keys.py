@@ -12,10 +12,11 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
 
-from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound
+from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from shellbox.ids import new_id
 from shellbox.service.models import Principal
 from shellbox.store import Database
+from shellbox.store.metering import AdminKeyStore, SqlAdminKeyStore
 from shellbox.store.tables import api_keys
 
 KEY_PREFIX = "sk-shellbox-"
@@ -60,12 +61,17 @@ class KeyService:
     the server runs closes open mode at the next request.
     """
 
-    def __init__(self, db: Database, *, open_allowed: bool = False) -> None:
+    def __init__(
+        self, db: Database, *, open_allowed: bool = False, admins: AdminKeyStore | None = None
+    ) -> None:
         self.db = db
         self.open_allowed = open_allowed
+        self.admins = admins or SqlAdminKeyStore(db)
         self._ever_keyed = False  # latches: rows are never deleted, so it never goes back
 
-    def create(self, project: str) -> tuple[ApiKey, str]:
+    def create(self, project: str, *, admin: bool = False) -> tuple[ApiKey, str]:
+        """A new key for ``project``; ``admin``: it may also read the organization's usage and
+        costs and /metrics (granted in the transaction that makes the key)."""
         project = project.strip()
         if not project or len(project) > 128:
             msg = "a project name is 1 to 128 characters"
@@ -82,6 +88,8 @@ class KeyService:
                     created_at=key.created_at,
                 )
             )
+            if admin:
+                self.admins.grant(conn, key.id, key.created_at)
         self._ever_keyed = True
         return key, token
 
@@ -146,6 +154,20 @@ class KeyService:
                 "'Authorization: Bearer <key>'"
             )
         raise AuthenticationFailed(msg)
+
+    def require_admin(self, principal: Principal) -> None:
+        """Refuse a caller whose key is not an admin key (403, saying how to get one)."""
+        if principal.key_id is not None and self.admins.is_admin(principal.key_id):
+            return
+        msg = (
+            "this endpoint needs an admin key; a project key cannot read organization usage, "
+            "costs or metrics. Create one with `shellbox keys create --admin` and send it as "
+            "'Authorization: Bearer <key>' (the openai SDK: OpenAI(admin_api_key=...))"
+        )
+        raise PermissionDenied(msg)
+
+    def admin_ids(self) -> set[str]:
+        return self.admins.admin_ids()
 
 
 def is_loopback(host: str) -> bool:

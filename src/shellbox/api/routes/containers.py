@@ -19,12 +19,18 @@ from shellbox.api.strings import check_value, checked_params, checked_request
 from shellbox.errors import InvalidRequest, NotFound, ShellboxError
 from shellbox.service.containers import CreateContainer
 from shellbox.service.idempotency import Stored
+from shellbox.service.metering import MeteringService
 
 # Every route's parameters are checked first; JSON bodies too, by ``checked_request`` where
 # FastAPI parses the body, and by the calls route itself, which reads its (large) body once.
 router = APIRouter(
     prefix="/v1/containers", tags=["containers"], dependencies=[Depends(checked_params)]
 )
+
+
+def metering(services: ServicesDep) -> MeteringService:
+    service: MeteringService = services.extras["metering"]
+    return service
 
 
 @router.post("", dependencies=[Depends(checked_request)])
@@ -134,7 +140,10 @@ async def create_call(
     if not stream:
 
         async def run() -> Response:
-            return JSONResponse(await services.calls.call(principal, container_id, item))
+            meter = metering(services).direct_call(principal, container_id, str(item.get("type")))
+            out = await services.calls.call(principal, container_id, item)
+            meter.done(out)  # billed before the answer goes out
+            return JSONResponse(out)
 
         # A retry after a crash must not run the command a second time: rerun=False.
         return await idempotent(request, principal, services, run, rerun=False)
@@ -169,9 +178,13 @@ async def create_call(
         services.calls.shell_call_events(principal, container_id, item),
     )
 
+    meter = metering(services).direct_call(principal, container_id, "shell_call")
+
     async def body() -> AsyncIterator[bytes]:
         try:
             async for event in events:
+                if event["type"] == "response.output_item.done":
+                    meter.done(event["item"])  # billed before the last event goes out
                 if claim is not None and event["type"] == "response.output_item.done":
                     result = json.dumps(event["item"], ensure_ascii=False).encode()
                     idem.finish(claim, Stored(200, "application/json", result))

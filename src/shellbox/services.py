@@ -94,6 +94,7 @@ def _install_metering(services: Services) -> None:
     services.extras["metering"] = metering
     services.containers.provision_hooks.append(metering.on_create)
     services.containers.wake_hooks.append(metering.on_wake)
+    services.containers.release_hooks.append(metering.on_release)
 
 
 def _install_apply_patch(services: Services) -> None:

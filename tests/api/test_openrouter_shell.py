@@ -113,6 +113,8 @@ def test_responses_two_turns_container_auto(env: LLMEnv) -> None:
     assert item["output"][1]["stdout"] == "a,b\n1,2\n"
     check_file(env, item)
     assert r["tools"] == OR_AUTO  # echoed as sent
+    # The final message does not cite the files (the item does), as OpenRouter's page says.
+    assert r["output"][1]["content"][0]["annotations"] == []
     assert env.client.responses.retrieve(r["id"]).to_dict(warnings=False) == r  # stored as shown
 
     # Turn two continues in the same container.
@@ -231,12 +233,17 @@ def test_legacy_sleep_after_seconds_is_accepted_and_clamps_apply(env: LLMEnv) ->
     }
 
     def first(seen: Seen) -> Reply:
+        # tool_choice {"type": "openrouter:shell"} forces the shell
+        assert seen.body["tool_choice"] == {"type": "function", "function": {"name": "shell"}}
         return shell("echo hi", timeout_ms=10_000_000, max_output_length=10_000_000)
 
     env.llm.script(first, say("done"))
-    r = env.client.responses.create(model=MODELS["chat"], input="hi", tools=[tool]).to_dict(
-        warnings=False
-    )
+    r = env.client.responses.create(
+        model=MODELS["chat"],
+        input="hi",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "openrouter:shell"},  # type: ignore[misc,typeddict-item]
+    ).to_dict(warnings=False)
     env.llm.done()
     item = r["output"][0]
     assert item["output"][0]["stdout"] == "hi\n"

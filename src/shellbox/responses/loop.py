@@ -536,8 +536,10 @@ class Run:
     # -- files ------------------------------------------------------------------------------
 
     def _annotate(self, item: dict[str, Any]) -> None:
-        """Cite the files this response's calls created on its final message."""
-        if not self.citations or self.container is None:
+        """Cite the files this response's calls created on its final message (not with
+        ``openrouter:shell``: there the files are cited on the call items only, as OpenRouter
+        does)."""
+        if not self.citations or self.container is None or self.request.tools.openrouter:
             return
         parts = [p for p in item.get("content", []) if p.get("type") == "output_text"]
         if not parts:

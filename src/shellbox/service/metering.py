@@ -80,6 +80,9 @@ class MeteringService:
     async def on_wake(self, record: ContainerRecord) -> None:
         self._fresh.add(record.id)
 
+    async def on_release(self, record: ContainerRecord) -> None:
+        self._fresh.discard(record.id)  # ended (or its creation failed): nothing to bill
+
     # -- billing ----------------------------------------------------------------------------
 
     def usage_of(

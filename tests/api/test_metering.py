@@ -181,13 +181,17 @@ def test_kill_9_mid_request_loses_no_completed_request_and_bills_none_twice(
 
     env.llm.script(cut_off)
     events: list[str] = []
+    cut_id: list[str] = []
 
     def stream() -> None:
         try:
             with client.responses.create(
                 model="any", input="two", tools=OR_AUTO, previous_response_id=done.id, stream=True
             ) as s:
-                events.extend(e.type for e in s)
+                for e in s:
+                    events.append(e.type)
+                    if e.type == "response.created":
+                        cut_id.append(e.response.id)
         except (openai.APIError, httpx.HTTPError):
             events.append("cut")
 
@@ -210,6 +214,11 @@ def test_kill_9_mid_request_loses_no_completed_request_and_bills_none_twice(
     # Restarted: what completed is billed once, what was cut off not at all.
     restarted = server_factory(state_dir=server.state_dir, args=upstream)
     assert billed(admin_for(restarted, admin), "crash", since) == (before, sessions)
+    # Billing and storing go together: the completed response is stored, the cut one is not.
+    client2 = client.with_options(base_url=restarted.base_url)
+    assert client2.responses.retrieve(done.id).status == "completed"
+    with pytest.raises(openai.NotFoundError):
+        client2.responses.retrieve(cut_id[0])
     # Work after the restart is billed as before (the container was restarted by recovery,
     # which is the server's doing: no minimum).
     http2 = httpx.Client(

@@ -10,6 +10,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   ├── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
     │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
+    ├── PermissionDenied (403: an admin endpoint, a project key)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound
     ├── Conflict (409, never retried)
@@ -115,7 +116,7 @@ class AuthenticationFailed(ShellboxError):
     code = ErrorCode.invalid_api_key
 
 
-class PermissionDenied(ShellboxError, PermissionError):
+class PermissionDenied(ShellboxError):
     """A valid key that may not do this (a project key on an admin endpoint)."""
 
     status = 403

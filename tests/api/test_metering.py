@@ -94,6 +94,16 @@ def test_billed_time_and_the_admin_usage_and_costs_calls(env: LLMEnv) -> None:
     assert result.project_id is None and result.line_item is None
     assert result.amount.value == pytest.approx((seconds[alpha] + seconds[beta]) * PRICE)
 
+    # Costs of one API key: beta's only key (from `shellbox keys list`).
+    [beta_key_id] = [
+        line.split("\t")[0]
+        for line in server.shellbox("keys", "list").splitlines()
+        if line.split("\t")[1] == beta
+    ]
+    one_key = usage.costs(start_time=started - 60, api_key_ids=[beta_key_id])
+    [result] = [r for b in one_key.data for r in b.results]
+    assert result.amount.value == pytest.approx(seconds[beta] * PRICE)
+
     # A project key is refused, saying what is needed.
     project_admin = openai.OpenAI(
         base_url=server.base_url, api_key="x", admin_api_key=server.create_key(alpha), max_retries=0
@@ -132,6 +142,37 @@ def test_usage_parameters_are_checked_and_paged(env: LLMEnv) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         usage.costs(start_time=now, group_by=["user_id"])
     assert "group_by" in bad.value.message
+
+
+def test_a_call_that_wakes_a_sleeping_container_pays_the_minimum(
+    server_factory: Callable[..., Any],
+) -> None:
+    server = server_factory(
+        start=False,
+        env={
+            "SHELLBOX_LIFECYCLE__IDLE_SLEEP_S": "1",
+            "SHELLBOX_LIFECYCLE__REAPER_INTERVAL_S": "0.2",
+        },
+    )
+    key = server.create_key("sleepy")
+    admin = admin_client(server)
+    server.start()
+    since = int(time.time()) - 60
+    with httpx.Client(
+        base_url=server.root_url, headers={"authorization": f"Bearer {key}"}, timeout=60
+    ) as http:
+        cid = http.post("/v1/containers", json={"name": "s"}).json()["id"]
+        shell(http, cid, "true")  # new: 30 s
+        shell(http, cid, "true")  # warm: milliseconds
+        assert billed(admin, "sleepy", since)[0] < 31
+
+        def asleep() -> bool:
+            return bool(http.get(f"/v1/containers/{cid}").json()["status"] == "sleeping")
+
+        assert wait_until(asleep, 30)
+        shell(http, cid, "true")  # woken: 30 s again
+    seconds, sessions = billed(admin, "sleepy", since)
+    assert 60 <= seconds < 61 and sessions == 1
 
 
 # -- a crash mid-request -------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class ReportRequest:
     group_by: tuple[str, ...] = ()
     project_ids: tuple[str, ...] = ()
     line_items: tuple[str, ...] = ()
+    api_key_ids: tuple[str, ...] = ()  # costs only
     limit: int | None = None
     page: str | None = None
 
@@ -106,6 +107,7 @@ def build(metering: MeteringService, req: ReportRequest, report: Report) -> dict
                 origin_ms=origin * 1000,
                 width_ms=width * 1000,
                 project_ids=req.project_ids,
+                api_key_ids=req.api_key_ids,
                 by_project=by_project,
             )
         )

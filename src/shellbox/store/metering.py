@@ -48,6 +48,7 @@ class UsageQuery:
     origin_ms: int
     width_ms: int
     project_ids: Sequence[str] = ()
+    api_key_ids: Sequence[str] = ()
     by_project: bool = False
 
 
@@ -133,6 +134,8 @@ class SqlUsageStore:
         where = [t.ended_at_ms >= query.start_ms, t.ended_at_ms < query.end_ms]
         if query.project_ids:
             where.append(t.project.in_(list(query.project_ids)))
+        if query.api_key_ids:
+            where.append(t.api_key_id.in_(list(query.api_key_ids)))
         stmt = select(*columns).where(*where).group_by(*groups).order_by(*groups)
         with self.db.connect() as conn:
             rows = conn.execute(stmt).all()

@@ -185,9 +185,9 @@ async def create_call(
             async for event in events:
                 if event["type"] == "response.output_item.done":
                     meter.done(event["item"])  # billed before the last event goes out
-                if claim is not None and event["type"] == "response.output_item.done":
-                    result = json.dumps(event["item"], ensure_ascii=False).encode()
-                    idem.finish(claim, Stored(200, "application/json", result))
+                    if claim is not None:
+                        result = json.dumps(event["item"], ensure_ascii=False).encode()
+                        idem.finish(claim, Stored(200, "application/json", result))
                 yield _sse(event)
         except ShellboxError as exc:
             yield _sse(

@@ -53,6 +53,7 @@ def _report(
         group_by=_many(request, "group_by"),
         project_ids=_many(request, "project_ids"),
         line_items=_many(request, "line_items"),
+        api_key_ids=_many(request, "api_key_ids") if report == "costs" else (),
         limit=limit,
         page=page,
     )

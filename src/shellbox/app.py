@@ -18,6 +18,7 @@ from shellbox.api.routes import (
     egress,
     files,
     messages,
+    organization,
     responses,
     skills,
     workspace,
@@ -27,6 +28,7 @@ from shellbox.settings import Settings
 
 ROUTERS = (
     containers.router,
+    organization.router,
     files.router,
     workspace.router,
     skills.router,

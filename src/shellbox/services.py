@@ -21,6 +21,8 @@ from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
 from shellbox.service.idempotency import IdempotencyService
 from shellbox.service.keys import KeyService, is_loopback
+from shellbox.service.metering import MeteringService
+from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
 from shellbox.settings import Settings
@@ -34,7 +36,7 @@ log = logging.getLogger("shellbox.services")
 @dataclass
 class Services:
     """Every service, built once per process by ``create_services``: the core, and the
-    features (apply_patch, skills, egress, responses) as typed collaborators."""
+    features (metering, apply_patch, skills, egress, responses) as typed collaborators."""
 
     settings: Settings
     db: Database
@@ -46,6 +48,7 @@ class Services:
     calls: CallService
     limits: ShellLimits
     idempotency: IdempotencyService
+    metering: MeteringService
     patcher: PatchService
     skills: SkillService
     egress: EgressService
@@ -96,12 +99,18 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     )
     containers.provision_hooks.append(idempotency.attach_container)
     containers.reap_hooks.append(idempotency.purge_expired)
+    metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
+    containers.provision_hooks.append(metering.on_create)
+    containers.wake_hooks.append(metering.on_wake)
+    containers.release_hooks.append(metering.on_release)
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
     # Hook order is creation order: skills' mounts, then egress's namespace and proxy policy.
     skills = install_skills(settings, stores.skills, containers)
     egress = install_egress(settings, stores.egress, stores.containers, runtime, containers)
-    responses = ResponsesService(settings.upstream, stores.responses, containers, calls, files)
+    responses = ResponsesService(
+        settings.upstream, stores.responses, containers, calls, files, metering
+    )
     return Services(
         settings,
         db,
@@ -113,6 +122,7 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         calls,
         limits,
         idempotency,
+        metering,
         patcher,
         skills,
         egress,

@@ -84,6 +84,7 @@ class ContainerService:
         self.provision_hooks: list[ProvisionHook] = []
         self.release_hooks: list[ReleaseHook] = []
         self.before_start_hooks: list[StartHook] = []
+        self.wake_hooks: list[StartHook] = []  # after a sleeping container is started again
         self.reap_hooks: list[ReapHook] = []  # other housekeeping, on every reaper round
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
@@ -462,6 +463,8 @@ class ContainerService:
                     await hook(record)
                 await self.runtime.start(record.id)
                 self._set_status(record.id, "running")
+                for woke in self.wake_hooks:
+                    await woke(record)
             record.status = "running"
 
     def _set_status(self, cid: str, status: ContainerStatus) -> None:

@@ -19,6 +19,7 @@ from shellbox.store.files import (
 )
 from shellbox.store.idempotency import IdempotencyStore, SqlIdempotencyStore
 from shellbox.store.keys import KeyStore, SqlKeyStore
+from shellbox.store.metering import SqlStatsStore, SqlUsageStore, StatsStore, UsageStore
 from shellbox.store.responses import ResponseStore, SqlResponseStore
 from shellbox.store.skills import SkillStore, SqlSkillStore
 
@@ -36,6 +37,8 @@ class Stores:
     responses: ResponseStore
     egress: EgressStore
     idempotency: IdempotencyStore
+    usage: UsageStore
+    stats: StatsStore
 
 
 def create_stores(db: Database) -> Stores:
@@ -49,6 +52,8 @@ def create_stores(db: Database) -> Stores:
         responses=SqlResponseStore(db),
         egress=SqlEgressStore(db),
         idempotency=SqlIdempotencyStore(db),
+        usage=SqlUsageStore(db),
+        stats=SqlStatsStore(db),
     )
 
 
@@ -63,8 +68,10 @@ __all__ = [
     "Quota",
     "ResponseStore",
     "SkillStore",
+    "StatsStore",
     "Stores",
     "Usage",
+    "UsageStore",
     "create_database",
     "create_stores",
 ]

@@ -252,8 +252,9 @@ def test_kill_9_mid_request_loses_no_completed_request_and_bills_none_twice(
     env.llm.done()
     assert "response.completed" not in events
 
-    # Restarted: what completed is billed once, what was cut off not at all.
-    restarted = server_factory(state_dir=server.state_dir, args=upstream)
+    # Restarted: what completed is billed once, what was cut off not at all. (``env``: the
+    # same database in the PostgreSQL lane, where it is not in the state directory.)
+    restarted = server_factory(state_dir=server.state_dir, env=dict(server.env), args=upstream)
     assert billed(admin_for(restarted, admin), "crash", since) == (before, sessions)
     # Billing and storing go together: the completed response is stored, the cut one is not.
     client2 = client.with_options(base_url=restarted.base_url)

@@ -18,6 +18,7 @@ from shellbox.api.routes import (
     egress,
     files,
     messages,
+    organization,
     responses,
     skills,
     snapshots,
@@ -29,6 +30,7 @@ from shellbox.settings import Settings
 ROUTERS = (
     containers.router,
     snapshots.router,
+    organization.router,
     files.router,
     workspace.router,
     skills.router,

@@ -211,6 +211,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+ADMIN_PROJECT = "admin"  # the project of an admin key made without --project
+
+
 def _key_service(args: argparse.Namespace) -> Any:
     from shellbox.service.keys import KeyService
     from shellbox.store import create_database
@@ -222,18 +225,27 @@ def _key_service(args: argparse.Namespace) -> Any:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    key, token = _key_service(args).create(args.project)
+    if args.project is None and not args.admin:
+        print("shellbox: keys create needs --project NAME (or --admin)", file=sys.stderr)
+        return 2
+    project = args.project or ADMIN_PROJECT
+    key, token = _key_service(args).create(project, admin=args.admin)
     print(token)
+    kind = "admin key" if args.admin else "key"
     print(
-        f"created {key.id} for project {key.project}; the key is shown only once", file=sys.stderr
+        f"created {kind} {key.id} for project {key.project}; the key is shown only once",
+        file=sys.stderr,
     )
     return 0
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    for key in _key_service(args).list():
+    keys = _key_service(args)
+    admins = keys.admin_ids()
+    for key in keys.list():
         state = "revoked" if key.revoked_at else "active"
-        print(f"{key.id}\t{key.project}\t{key.prefix}...\t{state}")
+        role = "\tadmin" if key.id in admins else ""
+        print(f"{key.id}\t{key.project}\t{key.prefix}...\t{state}{role}")
     return 0
 
 
@@ -366,7 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     kc = keys_sub.add_parser("create", help="create a key for a project; prints it once")
     _add_common(kc)
-    kc.add_argument("--project", required=True)
+    kc.add_argument("--project", help="the key's project (an admin key: default 'admin')")
+    kc.add_argument(
+        "--admin",
+        action="store_true",
+        help="also read the organization's usage, costs and /metrics",
+    )
     kc.set_defaults(func=cmd_keys_create)
     kl = keys_sub.add_parser("list", help="list keys (never the keys themselves)")
     _add_common(kl)

@@ -10,6 +10,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   ├── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
     │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
+    ├── PermissionDenied (403: an admin endpoint, a project key)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound, SnapshotNotFound
     ├── Conflict (409, never retried)
@@ -40,6 +41,7 @@ class ErrorCode(StrEnum):
     payload_too_large = "payload_too_large"
     path_outside_workspace = "path_outside_workspace"
     invalid_api_key = "invalid_api_key"
+    admin_key_required = "admin_key_required"
     not_found = "not_found"
     container_not_found = "container_not_found"
     file_not_found = "file_not_found"
@@ -115,6 +117,15 @@ class AuthenticationFailed(ShellboxError):
     status = 401
     type = "authentication_error"
     code = ErrorCode.invalid_api_key
+
+
+class PermissionDenied(ShellboxError):
+    """A valid key that may not do this (a project key on an admin endpoint)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = ErrorCode.admin_key_required
+    retryable = False
 
 
 class NotFound(ShellboxError, LookupError):

@@ -69,6 +69,11 @@ class ContainerFeature(Protocol):
         """Before the sandbox starts: at creation, at a wake, after a restart."""
         return
 
+    async def woke(self, record: ContainerRecord) -> None:
+        """A sleeping or paused container runs again: a call woke it (after ``before_start``
+        when it had been stopped)."""
+        return
+
     async def release(self, record: ContainerRecord) -> None:
         """The container ended, or its creation failed half-way: undo what it held."""
         return

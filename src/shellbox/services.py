@@ -23,6 +23,8 @@ from shellbox.service.containers import ContainerService, default_spec
 from shellbox.service.files import FileService
 from shellbox.service.idempotency import IdempotencyService, KeyedCreations
 from shellbox.service.keys import KeyService, is_loopback
+from shellbox.service.metering import MeteringService
+from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
 from shellbox.service.shell import ShellLimits
 from shellbox.service.snapshots import SnapshotService
@@ -37,7 +39,7 @@ log = logging.getLogger("shellbox.services")
 @dataclass
 class Services:
     """Every service, built once per process by ``create_services``: the core, and the
-    features (apply_patch, skills, egress, responses) as typed collaborators."""
+    features (metering, apply_patch, skills, egress, responses) as typed collaborators."""
 
     settings: Settings
     db: Database
@@ -50,6 +52,7 @@ class Services:
     limits: ShellLimits
     snapshots: SnapshotService
     idempotency: IdempotencyService
+    metering: MeteringService
     patcher: PatchService
     skills: SkillService
     egress: EgressService
@@ -109,9 +112,13 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     # first, then skills' mounts, then egress's namespace and proxy policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
+    metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
+    containers.attach(metering)
     containers.attach(skills.mounts)
     containers.attach(egress, pool=("allowlist", egress.warm))
-    responses = ResponsesService(settings.upstream, stores.responses, containers, calls, files)
+    responses = ResponsesService(
+        settings.upstream, stores.responses, containers, calls, files, metering
+    )
     return Services(
         settings,
         db,
@@ -124,6 +131,7 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         limits,
         snapshots,
         idempotency,
+        metering,
         patcher,
         skills,
         egress,

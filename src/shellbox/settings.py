@@ -225,6 +225,17 @@ class UpstreamSettings(_Section):
     )
 
 
+class MeteringSettings(_Section):
+    """Sandbox time, as OpenRouter prices its shell: see the README's "Metering" section."""
+
+    price_per_second_usd: float = Field(
+        0.0001, ge=0, description="price of one second of sandbox time, in US dollars"
+    )
+    minimum_s: float = Field(
+        30, ge=0, description="seconds billed at least to a request that starts a container"
+    )
+
+
 class SkillSettings(_Section):
     max_files: int = Field(500, ge=1, description="files in one skill bundle")
     max_file_bytes: int = Field(25 << 20, ge=1, description="largest file in a bundle, bytes")
@@ -252,6 +263,7 @@ class Settings(BaseSettings):
     egress: EgressSettings = Field(default_factory=EgressSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     skills: SkillSettings = Field(default_factory=SkillSettings)
+    metering: MeteringSettings = Field(default_factory=MeteringSettings)
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"

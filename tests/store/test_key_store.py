@@ -28,3 +28,15 @@ def test_keys_by_hash_revoke_and_history(stores: Stores) -> None:
     k.revoke("key_2", 201)
     assert not k.any_active() and k.any()  # revoked keys keep their rows
     assert [key.id for key in k.list()] == ["key_1", "key_2"]
+
+
+def test_admin_keys_are_granted_with_the_key(stores: Stores) -> None:
+    k = stores.keys
+    k.insert(ApiKey("key_1", "p", "sk-shellbox-abcd", 100, None), "h1")
+    k.insert(ApiKey("key_2", "admin", "sk-shellbox-efgh", 101, None), "h2", admin=True)
+    assert not k.is_admin("key_1") and k.is_admin("key_2") and not k.is_admin("key_9")
+    assert k.admin_ids() == {"key_2"}
+    # The key cannot be written (its hash is taken): no grant is left without a key.
+    with pytest.raises(IntegrityError):
+        k.insert(ApiKey("key_3", "admin", "sk-shellbox-ijkl", 102, None), "h2", admin=True)
+    assert k.admin_ids() == {"key_2"}

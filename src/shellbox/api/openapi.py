@@ -27,6 +27,7 @@ REF = "#/components/schemas/{model}"
 ERRORS = {
     "400": "The request is invalid: `param` names the field and the message says what to change",
     "401": "No API key, or an unknown or revoked one",
+    "403": "The key may not do this: an admin endpoint called with a project key",
     "404": "No such object in the caller's project, or no such route",
     "409": "A conflict: the container has expired, or the Idempotency-Key is in use or was cut off",
     "413": "The body or upload is larger than this server's limit",
@@ -196,6 +197,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {**_json(schemas.Message), **_sse("with stream: true, Anthropic Messages events")},
         upstream=True,
     ),
+    ("get", "/v1/organization/usage/code_interpreter_sessions"): Operation(
+        _json(schemas.UsagePage)
+    ),
+    ("get", "/v1/organization/costs"): Operation(_json(schemas.UsagePage)),
     ("get", "/healthz"): Operation(_json(schemas.Health)),
 }
 
@@ -222,6 +227,7 @@ MODELS: list[type[BaseModel]] = [
     schemas.ResponseObject,
     schemas.Message,
     schemas.Health,
+    schemas.UsagePage,
 ]
 
 IDEMPOTENCY_PARAM = {

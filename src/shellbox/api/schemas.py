@@ -521,3 +521,42 @@ class Message(_Wire):
 class Health(_Wire):
     status: str
     version: str
+
+
+# -- organization usage and costs (service/usage_report.py) ------------------------------------
+
+
+class SessionsResult(_Wire):
+    object: Literal["organization.usage.code_interpreter_sessions.result"]
+    num_sessions: int
+    project_id: str | None = None
+
+
+class CostAmount(_Wire):
+    value: float
+    currency: str
+
+
+class CostsResult(_Wire):
+    object: Literal["organization.costs.result"]
+    amount: CostAmount
+    line_item: str | None = None
+    project_id: str | None = None
+    quantity: float | None = None
+    quantity_unit: str | None = None
+    api_key_id: str | None = None
+    api_source: str | None = None
+
+
+class UsageBucket(_Wire):
+    object: Literal["bucket"]
+    start_time: int
+    end_time: int
+    results: list[SessionsResult | CostsResult]
+
+
+class UsagePage(_Wire):
+    object: Literal["page"]
+    data: list[UsageBucket]
+    has_more: bool
+    next_page: str | None = None

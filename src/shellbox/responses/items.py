@@ -13,6 +13,7 @@ from typing import Any
 
 from shellbox.errors import InvalidRequest
 from shellbox.ids import new_id
+from shellbox.responses import openrouter
 
 # call item type -> the output item type that answers it
 CALL_TYPES = {
@@ -176,6 +177,10 @@ def normalize_input(value: Any) -> list[dict[str, Any]]:
             items.append(_message(raw, param))
         elif kind in CALL_TYPES:
             items.append(_call(raw, kind, param))
+        elif kind == openrouter.ITEM_TYPE:
+            call, *out = openrouter.expand_input(raw)
+            items.append(_call(call, "shell_call", param))
+            items.extend(_output(o, "shell_call_output", param) for o in out)
         elif kind in OUTPUT_TYPES:
             items.append(_output(raw, kind, param))
         elif kind == "reasoning":

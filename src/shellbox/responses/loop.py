@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from shellbox.errors import FileNotFound, InvalidRequest, ShellboxError, UpstreamError
 from shellbox.ids import new_id
+from shellbox.responses import openrouter
 from shellbox.responses.events import Emitter, Event, LiveMessage, item_events
 from shellbox.responses.items import CALL_TYPES
 from shellbox.responses.tools import AUTO, NONE, ToolChoice, ToolSet
@@ -44,6 +45,7 @@ from shellbox.responses.upstream import (
 )
 from shellbox.service.calls import CallService
 from shellbox.service.files import FileService
+from shellbox.service.metering import SandboxClock
 from shellbox.service.models import ContainerRecord, Principal
 
 log = logging.getLogger("shellbox.responses")
@@ -132,6 +134,7 @@ class Run:
         files: FileService,
         caps: Caps,
         on_finish: Callable[[Run], None] | None = None,
+        on_call: Callable[[str, float, dict[str, Any]], None] | None = None,
     ) -> None:
         self.id = response_id
         self.principal = principal
@@ -145,6 +148,8 @@ class Run:
         self.files = files
         self.caps = caps
         self.on_finish = on_finish
+        self.on_call = on_call  # (item type, seconds, output item) of each call that ran
+        self.clock = SandboxClock()  # sandbox time, as metered: from the first command on
         self.created_at = int(time.time())
         self.completed_at: int | None = None
         self.status = "in_progress"
@@ -182,7 +187,7 @@ class Run:
             "max_tool_calls": req.max_tool_calls,
             "metadata": req.echo.get("metadata") or {},
             "model": req.model,
-            "output": list(self.output),
+            "output": self.shown_output(),
             "parallel_tool_calls": params.get("parallel_tool_calls", True),
             "previous_response_id": req.previous_response_id,
             "reasoning": params.get("reasoning"),
@@ -196,6 +201,21 @@ class Run:
             "usage": self.usage.to_wire() if done else None,
             "user": params.get("user"),
         }
+
+    def shown_output(self) -> list[dict[str, Any]]:
+        """The output as the client sees it: native items, or OpenRouter's shapes when the
+        shell came as ``openrouter:shell`` (the run itself keeps native items)."""
+        if self.request.tools.openrouter:
+            cid = self.container.id if self.container else None
+            return openrouter.present_output(self.output, cid)
+        return list(self.output)
+
+    def client_events(self) -> AsyncGenerator[Event, None]:
+        """``events()`` as the Responses API streams them to the client."""
+        if not self.request.tools.openrouter:
+            return self.events()
+        cid = self.container.id if self.container else None
+        return openrouter.EventMapper(cid).events(self.events())
 
     # -- driving ----------------------------------------------------------------------------
 
@@ -434,6 +454,7 @@ class Run:
     async def _execute(self, emit: Emitter, call: dict[str, Any]) -> AsyncIterator[Event]:
         assert self.container is not None
         started = time.perf_counter_ns()
+        self.clock.start()
         try:
             if call["type"] == "shell_call":
                 async for event in self._shell(emit, call):
@@ -449,6 +470,7 @@ class Run:
                 out = error_output(call, f"invalid {call['type']}: {exc.message}")
             text = out.get("output")
             self.output_chars += len(text) if isinstance(text, str) else 0
+            self._observe(call["type"], started, out)
             for event in self._emit_item(emit, out):
                 yield event
         finally:
@@ -464,6 +486,7 @@ class Run:
         if self.calls.limits.timeout_ms(requested) > left_ms:  # the run's budget is the clamp
             action["timeout_ms"] = self.calls.limits.timeout_ms(requested, at_most=left_ms)
         item = {"type": "shell_call", "call_id": call["call_id"], "action": action}
+        started = time.perf_counter_ns()
         index = len(self.output)
         events = cast(
             AsyncGenerator[Event, None],
@@ -502,14 +525,21 @@ class Run:
         for cite in out.get("files", []):
             self.citations.pop(cite["file_id"], None)
             self.citations[cite["file_id"]] = cite
+        self._observe("shell_call", started, out)
         self.output.append(out)
         yield emit("response.output_item.done", output_index=index, item=out)
+
+    def _observe(self, kind: str, started_ns: int, out: dict[str, Any]) -> None:
+        if self.on_call is not None:
+            self.on_call(kind, (time.perf_counter_ns() - started_ns) / 1e9, out)
 
     # -- files ------------------------------------------------------------------------------
 
     def _annotate(self, item: dict[str, Any]) -> None:
-        """Cite the files this response's calls created on its final message."""
-        if not self.citations or self.container is None:
+        """Cite the files this response's calls created on its final message (not with
+        ``openrouter:shell``: there the files are cited on the call items only, as OpenRouter
+        does)."""
+        if not self.citations or self.container is None or self.request.tools.openrouter:
             return
         parts = [p for p in item.get("content", []) if p.get("type") == "output_text"]
         if not parts:

@@ -36,9 +36,10 @@ from typing import Any
 from shellbox.errors import InvalidRequest
 from shellbox.responses.items import text_of
 from shellbox.responses.loop import LoopRequest, Run
-from shellbox.responses.tools import parse_tool_choice, parse_tools
+from shellbox.responses.tools import OPENROUTER_SHELL, parse_tool_choice, parse_tools
 
 SHELL_TOOL_TYPES = ("shell_20250101",)
+OPENROUTER_RESULT = "openrouter_shell_tool_result"
 CUSTOM_TOOL_TYPES = (None, "custom")
 STOP_REASONS = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
 
@@ -72,6 +73,8 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
                 msg = "the shell server tool runs in a container; 'local' is not available here"
                 raise _fail(msg, f"tools[{i}].environment")
             out.append({"type": "shell", "environment": env})
+        elif kind == OPENROUTER_SHELL:
+            out.append(tool)  # checked by parse_tools, as on the Responses API
         elif kind in CUSTOM_TOOL_TYPES:
             out.append(
                 {
@@ -84,18 +87,25 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             msg = (
                 f"tool type {kind!r} is not supported here; this server offers the shell "
-                f"server tool ({SHELL_TOOL_TYPES[0]}) and custom tools"
+                f"server tool ({SHELL_TOOL_TYPES[0]} or {OPENROUTER_SHELL}) and custom tools"
             )
             raise _fail(msg, f"tools[{i}].type")
     container = body.get("container")
     if isinstance(container, dict):
         container = container.get("id")
     if container is not None:
-        shells = [t for t in out if t["type"] == "shell"]
-        if not isinstance(container, str) or not shells:
+        at = next((n for n, t in enumerate(out) if t["type"] in ("shell", OPENROUTER_SHELL)), None)
+        if not isinstance(container, str) or at is None:
             msg = "container must be a container id, and needs the shell tool in tools"
             raise _fail(msg, "container")
-        shells[0]["environment"] = {"type": "container_reference", "container_id": container}
+        reference = {"type": "container_reference", "container_id": container}
+        shell = out[at]
+        if shell["type"] == OPENROUTER_SHELL:
+            params = shell.get("parameters")
+            params = params if isinstance(params, dict) else {}
+            out[at] = {**shell, "parameters": {**params, "environment": reference}}
+        else:
+            shell["environment"] = reference
     return out
 
 
@@ -109,7 +119,9 @@ def _tool_choice(value: Any) -> Any:
         return "required"
     if kind == "tool" and isinstance(value.get("name"), str):
         name = value["name"]
-        return {"type": "shell"} if name == "shell" else {"type": "function", "name": name}
+        if name in ("shell", OPENROUTER_SHELL):
+            return {"type": name}
+        return {"type": "function", "name": name}
     msg = "tool_choice must be {type: auto | any | none} or {type: tool, name}"
     raise _fail(msg, "tool_choice")
 
@@ -232,7 +244,7 @@ def messages_to_items(messages: Any) -> list[dict[str, Any]]:
                             "status": "completed",
                         }
                     )
-            elif kind == "shell_tool_result" and role == "assistant":
+            elif kind in ("shell_tool_result", OPENROUTER_RESULT) and role == "assistant":
                 _flush(items, role, parts)
                 items.append(_shell_result_item(block))
             elif kind in ("thinking", "redacted_thinking"):
@@ -288,9 +300,16 @@ def _arguments(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def block(item: dict[str, Any]) -> dict[str, Any] | None:
-    """The content block an output item appears as (None: not shown)."""
+def block(item: dict[str, Any], run: Run | None = None) -> dict[str, Any] | None:
+    """The content block an output item appears as (None: not shown). With a run whose shell
+    came as ``openrouter:shell``, shell calls show in OpenRouter's blocks."""
     kind = item["type"]
+    if (
+        run is not None
+        and run.request.tools.openrouter
+        and kind in ("shell_call", "shell_call_output")
+    ):
+        return openrouter_block(item, run.container.id if run.container else None)
     if kind == "message":
         text = text_of(item.get("content"))
         return {"type": "text", "text": text, "citations": None} if text else None
@@ -313,6 +332,24 @@ def block(item: dict[str, Any]) -> dict[str, Any] | None:
             "input": _arguments(item.get("arguments")),
         }
     return None  # reasoning; outputs shellbox wrote for calls it refused
+
+
+def openrouter_block(item: dict[str, Any], cid: str | None) -> dict[str, Any]:
+    """OpenRouter's blocks: the call is a ``server_tool_use`` named ``openrouter:shell``; its
+    result an ``openrouter_shell_tool_result`` whose content mirrors the native
+    ``shell_tool_result``'s, with the ``container_id`` the commands ran in."""
+    native = block(item)
+    assert native is not None
+    if item["type"] == "shell_call":
+        return {**native, "name": OPENROUTER_SHELL}
+    content = {
+        "type": "openrouter_shell_result",
+        "output": native["content"]["output"],
+        "max_output_length": item.get("max_output_length"),
+        "container_id": cid,
+        "files": native["content"]["files"],
+    }
+    return {"type": OPENROUTER_RESULT, "tool_use_id": item["call_id"], "content": content}
 
 
 def _answered(output: list[dict[str, Any]]) -> set[str]:
@@ -352,7 +389,7 @@ def _blocks(run: Run) -> list[dict[str, Any]]:
     """Blocks in output order, except ``tool_use``: the client's calls come last (a call of a
     tool that does not exist, already answered with an error, is left out)."""
     answered = _answered(run.output)
-    shown = [block(i) for i in run.output if i["type"] != "function_call"]
+    shown = [block(i, run) for i in run.output if i["type"] != "function_call"]
     calls = [
         block(i)
         for i in run.output
@@ -471,7 +508,7 @@ async def stream_events(run: Run, message_id: str) -> AsyncGenerator[SseEvent, N
                 index += 1
                 continue
             item = event["item"]
-            b = None if item["type"] == "function_call" else block(item)
+            b = None if item["type"] == "function_call" else block(item, run)
             if b is not None:
                 for e in _block_events(index, b):
                     yield e

@@ -48,6 +48,13 @@ def redact_tools(tools: Any) -> Any:
         return tools
     out = []
     for tool in tools:
+        params = tool.get("parameters") if isinstance(tool, dict) else None
+        if isinstance(tool, dict) and tool.get("type") == "openrouter:shell":
+            if isinstance(params, dict) and isinstance(params.get("environment"), dict):
+                [inner] = redact_tools([{"environment": params["environment"]}])
+                tool = {**tool, "parameters": {**params, "environment": inner["environment"]}}
+            out.append(tool)
+            continue
         env = tool.get("environment") if isinstance(tool, dict) else None
         policy = env.get("network_policy") if isinstance(env, dict) else None
         secrets = policy.get("domain_secrets") if isinstance(policy, dict) else None

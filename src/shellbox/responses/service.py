@@ -23,9 +23,11 @@ from shellbox.responses.upstream import UpstreamClient, check_models, resolve_ta
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService
 from shellbox.service.files import FileService
+from shellbox.service.metering import MeteringService
 from shellbox.service.models import Principal
 from shellbox.settings import UpstreamSettings
 from shellbox.store import ResponseStore
+from shellbox.store.metering import UsageKind
 
 
 class ResponsesService:
@@ -36,6 +38,7 @@ class ResponsesService:
         containers: ContainerService,
         calls: CallService,
         files: FileService,
+        metering: MeteringService,
     ) -> None:
         check_models(settings)
         self.settings = settings
@@ -43,6 +46,7 @@ class ResponsesService:
         self.calls = calls
         self.files = files
         self.store = StoredResponses(store)
+        self.metering = metering
         self.upstream = UpstreamClient({"chat": ChatDialect(), "responses": ResponsesDialect()})
         self.caps = Caps(
             max_iterations=settings.max_iterations,
@@ -89,16 +93,32 @@ class ResponsesService:
             calls=self.calls,
             files=self.files,
             caps=self.caps,
-            on_finish=self._saver(principal, history, carried) if req.store else None,
+            on_finish=self._finisher(principal, history, carried, req.store),
+            on_call=self.metering.metrics.observe_call,
         )
 
-    def _saver(
-        self, principal: Principal, history: list[dict[str, Any]], container_id: str | None
+    def _finisher(
+        self,
+        principal: Principal,
+        history: list[dict[str, Any]],
+        container_id: str | None,
+        store: bool,
     ) -> Callable[[Run], None]:
-        def save(run: Run) -> None:
-            self.store.save(principal, run.response(), [*history, *run.output], container_id)
+        """What completes a run: its stored response and its sandbox time, in one transaction
+        (see ``service.metering``)."""
 
-        return save
+        def finish(run: Run) -> None:
+            usage = None
+            if run.container is not None:
+                kind: UsageKind = "messages" if run.id.startswith("msg_") else "responses"
+                usage = self.metering.usage_of(run.id, principal, run.container.id, kind, run.clock)
+            if store:
+                conversation = [*history, *run.output]
+                self.store.save(principal, run.response(), conversation, container_id, usage)
+            else:
+                self.metering.bill(usage)
+
+        return finish
 
     def get(self, principal: Principal, response_id: str) -> dict[str, Any]:
         return self.store.get(principal, response_id, param="response_id").body

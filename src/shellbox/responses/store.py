@@ -8,6 +8,7 @@ from typing import Any
 from shellbox.errors import ResponseNotFound
 from shellbox.service.models import Principal
 from shellbox.store import ResponseStore
+from shellbox.store.metering import SandboxUsage
 from shellbox.store.records import StoredResponse
 
 __all__ = ["StoredResponse", "StoredResponses"]
@@ -23,8 +24,10 @@ class StoredResponses:
         body: dict[str, Any],
         conversation: list[dict[str, Any]],
         container_id: str | None,
+        usage: SandboxUsage | None = None,
     ) -> None:
-        self.store.save(principal.project, body, conversation, container_id)
+        """Store a response; with ``usage``, its sandbox time too, in the same transaction."""
+        self.store.save(principal.project, body, conversation, container_id, usage=usage)
 
     def get(self, principal: Principal, response_id: str, *, param: str) -> StoredResponse:
         found = self.store.get(principal.project, response_id)

@@ -4,6 +4,10 @@ Where a call runs: ``shell`` with a ``container_auto`` or ``container_reference`
 is hosted (shellbox runs it and loops); ``shell`` with ``local`` or no environment, and
 ``function`` tools, go back to the client. ``apply_patch`` and ``local_shell`` calls run in the
 request's container when it has one, and go back to the client otherwise.
+
+``openrouter:shell`` (OpenRouter's server tool, ``{"type": "openrouter:shell", "parameters":
+{"engine", "environment"}}``) is the same hosted shell under another shape: it sets
+``ToolSet.openrouter``, which only changes how its calls are shown (``responses.openrouter``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from shellbox.errors import InvalidRequest
 
 HOSTED_ENVIRONMENTS = ("container_auto", "container_reference")
 BUILTIN_NAMES = ("shell", "apply_patch", "local_shell")
+OPENROUTER_SHELL = "openrouter:shell"
+OPENROUTER_ENGINES = ("openrouter", "auto")
 MEMORY_LIMITS = ("1g", "4g", "16g", "64g")
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -37,6 +43,8 @@ class ToolSet:
     apply_patch: bool = False
     local_shell: bool = False
     functions: dict[str, FunctionTool] = field(default_factory=dict)
+    # The shell came as ``openrouter:shell``: its calls are shown in OpenRouter's shapes.
+    openrouter: bool = False
 
     @property
     def hosted(self) -> bool:
@@ -130,6 +138,34 @@ def _environment(env: Any, param: str) -> tuple[dict[str, Any] | None, list[dict
     raise _fail(msg, f"{param}.type")
 
 
+def _openrouter_environment(tool: dict[str, Any], param: str) -> dict[str, Any]:
+    """The native environment an ``openrouter:shell`` tool asks for. Every parameter is
+    optional; ``sleep_after_seconds`` (legacy: containers sleep after 5 idle minutes, as the
+    server's settings say) is accepted and ignored."""
+    params = tool.get("parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        msg = "parameters must be an object ({engine, environment}, both optional)"
+        raise _fail(msg, f"{param}.parameters")
+    engine = params.get("engine")
+    if engine is not None and engine not in OPENROUTER_ENGINES:
+        msg = "parameters.engine must be 'openrouter' or 'auto'"
+        raise _fail(msg, f"{param}.parameters.engine")
+    env = params.get("environment")
+    if env is None:
+        return {"type": "container_auto"}
+    if isinstance(env, dict) and env.get("type") == "local":
+        msg = (
+            "openrouter:shell runs commands in a hosted container; 'local' environments are not "
+            "supported (use container_auto or container_reference)"
+        )
+        raise _fail(msg, f"{param}.parameters.environment.type")
+    if isinstance(env, dict) and env.get("type") is None:
+        env = {**env, "type": "container_auto"}
+    return env
+
+
 def parse_tools(value: Any) -> ToolSet:
     tools = ToolSet()
     if value is None:
@@ -143,10 +179,22 @@ def parse_tools(value: Any) -> ToolSet:
         if not isinstance(tool, dict) or not isinstance(kind, str):
             msg = "each tool must be an object with a 'type'"
             raise _fail(msg, param)
+        if (
+            kind in ("shell", OPENROUTER_SHELL)
+            and tools.shell
+            and (tools.openrouter or kind == OPENROUTER_SHELL)
+        ):
+            msg = "list one shell tool: shell and openrouter:shell are the same hosted shell"
+            raise _fail(msg, param)
         if kind in BUILTIN_NAMES and kind in tools.names():
             msg = f"the {kind} tool is listed twice"
             raise _fail(msg, param)
-        if kind == "shell":
+        if kind == OPENROUTER_SHELL:
+            tools.shell = tools.openrouter = True
+            raw = _openrouter_environment(tool, param)
+            env, _ = _environment(raw, f"{param}.parameters.environment")
+            tools.environment = env
+        elif kind == "shell":
             tools.shell = True
             env, skills = _environment(tool.get("environment"), f"{param}.environment")
             tools.environment, tools.local_skills = env, skills
@@ -177,7 +225,7 @@ def parse_tools(value: Any) -> ToolSet:
         else:
             msg = (
                 f"tool type {kind!r} is not supported here; this server offers shell, "
-                "apply_patch, local_shell and function tools"
+                "openrouter:shell, apply_patch, local_shell and function tools"
             )
             raise _fail(msg, f"{param}.type")
     return tools
@@ -190,6 +238,8 @@ def parse_tool_choice(value: Any, tools: ToolSet) -> ToolChoice:
         return ToolChoice(value)
     if isinstance(value, dict):
         kind = value.get("type")
+        if kind == OPENROUTER_SHELL and tools.openrouter:
+            return ToolChoice("tool", "shell")
         name = value.get("name") if kind == "function" else kind
         if kind in (*BUILTIN_NAMES, "function") and isinstance(name, str):
             if name not in tools.names():

@@ -451,6 +451,8 @@ class ContainerService:
             if record.status in ("sleeping", "paused"):  # (another call may have woken it)
                 await self._thaw_or_start(record)
                 self._set_status(record.id, "running")
+                for feature in self.features:
+                    await feature.woke(record)
             record.status = "running"
 
     async def _thaw_or_start(self, record: ContainerRecord) -> None:

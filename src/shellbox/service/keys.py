@@ -7,7 +7,7 @@ import ipaddress
 import secrets
 import time
 
-from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound
+from shellbox.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from shellbox.ids import new_id
 from shellbox.service.models import Principal
 from shellbox.store import KeyStore
@@ -43,14 +43,16 @@ class KeyService:
         self.open_allowed = open_allowed
         self._ever_keyed = False  # latches: rows are never deleted, so it never goes back
 
-    def create(self, project: str) -> tuple[ApiKey, str]:
+    def create(self, project: str, *, admin: bool = False) -> tuple[ApiKey, str]:
+        """A new key for ``project``; ``admin``: it may also read the organization's usage and
+        costs and /metrics (granted in the transaction that makes the key)."""
         project = project.strip()
         if not project or len(project) > 128:
             msg = "a project name is 1 to 128 characters"
             raise InvalidRequest(msg, param="project")
         token = KEY_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(new_id("key_"), project, token[: len(KEY_PREFIX) + 4], int(time.time()), None)
-        self.store.insert(key, _hash(token))
+        self.store.insert(key, _hash(token), admin=admin)
         self._ever_keyed = True
         return key, token
 
@@ -101,6 +103,20 @@ class KeyService:
                 "'Authorization: Bearer <key>'"
             )
         raise AuthenticationFailed(msg)
+
+    def require_admin(self, principal: Principal) -> None:
+        """Refuse a caller whose key is not an admin key (403, saying how to get one)."""
+        if principal.key_id is not None and self.store.is_admin(principal.key_id):
+            return
+        msg = (
+            "this endpoint needs an admin key; a project key cannot read organization usage, "
+            "costs or metrics. Create one with `shellbox keys create --admin` and send it as "
+            "'Authorization: Bearer <key>' (the openai SDK: OpenAI(admin_api_key=...))"
+        )
+        raise PermissionDenied(msg)
+
+    def admin_ids(self) -> set[str]:
+        return self.store.admin_ids()
 
 
 def is_loopback(host: str) -> bool:

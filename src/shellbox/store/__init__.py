@@ -19,6 +19,7 @@ from shellbox.store.files import (
 )
 from shellbox.store.idempotency import IdempotencyStore, SqlIdempotencyStore
 from shellbox.store.keys import KeyStore, SqlKeyStore
+from shellbox.store.metering import SqlStatsStore, SqlUsageStore, StatsStore, UsageStore
 from shellbox.store.responses import ResponseStore, SqlResponseStore
 from shellbox.store.skills import SkillStore, SqlSkillStore
 from shellbox.store.snapshots import SnapshotRecord, SnapshotStore, SqlSnapshotStore
@@ -38,6 +39,8 @@ class Stores:
     egress: EgressStore
     idempotency: IdempotencyStore
     snapshots: SnapshotStore
+    usage: UsageStore
+    stats: StatsStore
 
 
 def create_stores(db: Database) -> Stores:
@@ -52,6 +55,8 @@ def create_stores(db: Database) -> Stores:
         egress=SqlEgressStore(db),
         idempotency=SqlIdempotencyStore(db),
         snapshots=SqlSnapshotStore(db),
+        usage=SqlUsageStore(db),
+        stats=SqlStatsStore(db),
     )
 
 
@@ -68,8 +73,10 @@ __all__ = [
     "SkillStore",
     "SnapshotRecord",
     "SnapshotStore",
+    "StatsStore",
     "Stores",
     "Usage",
+    "UsageStore",
     "create_database",
     "create_stores",
 ]

@@ -1,4 +1,6 @@
-"""API keys: only their hashes are stored; rows are never deleted (revoked keys stay)."""
+"""API keys: only their hashes are stored; rows are never deleted (revoked keys stay). Admin
+keys (``shellbox keys create --admin``: they may also read the organization's usage, costs and
+/metrics) are a grant per key in ``admin_keys``, written with the key."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 
 from shellbox.store.db import Database
 from shellbox.store.records import ApiKey
-from shellbox.store.tables import api_keys
+from shellbox.store.tables import admin_keys, api_keys
 
 
 @dataclass(frozen=True)
@@ -20,12 +22,17 @@ class KeyMatch:
 
 
 class KeyStore(Protocol):
-    def insert(self, key: ApiKey, key_hash: str) -> None: ...
+    def insert(self, key: ApiKey, key_hash: str, *, admin: bool = False) -> None:
+        """Store a key; ``admin``: and its admin grant, in the same transaction."""
+        ...
+
     def list(self) -> list[ApiKey]: ...
     def revoke(self, key_id: str, at: int) -> ApiKey | None: ...
     def by_hash(self, key_hash: str) -> KeyMatch | None: ...
     def any_active(self) -> bool: ...
     def any(self) -> bool: ...
+    def is_admin(self, key_id: str) -> bool: ...
+    def admin_ids(self) -> set[str]: ...
 
 
 # Built once: on every request's path, and building the expression costs as much as running it.
@@ -38,7 +45,7 @@ class SqlKeyStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def insert(self, key: ApiKey, key_hash: str) -> None:
+    def insert(self, key: ApiKey, key_hash: str, *, admin: bool = False) -> None:
         with self.db.begin() as conn:
             conn.execute(
                 insert(api_keys).values(
@@ -50,6 +57,8 @@ class SqlKeyStore:
                     revoked_at=key.revoked_at,
                 )
             )
+            if admin:
+                conn.execute(insert(admin_keys).values(key_id=key.id, created_at=key.created_at))
 
     def list(self) -> list[ApiKey]:
         with self.db.connect() as conn:
@@ -84,3 +93,12 @@ class SqlKeyStore:
     def any(self) -> bool:
         with self.db.connect() as conn:
             return conn.execute(select(api_keys.c.seq).limit(1)).first() is not None
+
+    def is_admin(self, key_id: str) -> bool:
+        with self.db.connect() as conn:
+            row = conn.execute(select(admin_keys.c.key_id).where(admin_keys.c.key_id == key_id))
+            return row.first() is not None
+
+    def admin_ids(self) -> set[str]:
+        with self.db.connect() as conn:
+            return {r.key_id for r in conn.execute(select(admin_keys.c.key_id))}

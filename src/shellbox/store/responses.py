@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from sqlalchemy import delete, insert, select
 
 from shellbox.store.db import Database
+from shellbox.store.metering import SandboxUsage, insert_usage
 from shellbox.store.records import StoredResponse
 from shellbox.store.tables import responses
 
@@ -19,7 +20,13 @@ class ResponseStore(Protocol):
         body: dict[str, Any],
         conversation: list[dict[str, Any]],
         container_id: str | None,
-    ) -> None: ...
+        *,
+        usage: SandboxUsage | None = None,
+    ) -> None:
+        """Store a response; with ``usage``, the sandbox time it bills, in the same
+        transaction (a crash leaves both or neither)."""
+        ...
+
     def get(self, project: str, response_id: str) -> StoredResponse | None: ...
     def delete(self, project: str, response_id: str) -> bool: ...
 
@@ -34,6 +41,8 @@ class SqlResponseStore:
         body: dict[str, Any],
         conversation: list[dict[str, Any]],
         container_id: str | None,
+        *,
+        usage: SandboxUsage | None = None,
     ) -> None:
         with self.db.begin() as conn:
             conn.execute(
@@ -47,6 +56,8 @@ class SqlResponseStore:
                     conversation=conversation,
                 )
             )
+            if usage is not None:
+                insert_usage(conn, usage)
 
     def get(self, project: str, response_id: str) -> StoredResponse | None:
         with self.db.connect() as conn:

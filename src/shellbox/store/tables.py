@@ -213,3 +213,36 @@ snapshots = Table(
     Column("created_at", BigInteger, nullable=False),
     Column("last_used_at", BigInteger, nullable=False),
 )
+
+# -- metering and admin keys (issue 14) -------------------------------------------------------
+# Made by migration 0004.
+
+# One row per request that ran sandbox commands, written in the transaction that completes the
+# request (with the stored response, when there is one). ``id`` is the request's own id
+# (response, message or call): unique, so a request is never billed twice.
+sandbox_usage = Table(
+    "sandbox_usage",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), unique=True, nullable=False),
+    Column("project", String(128), nullable=False),
+    Column("api_key_id", String(64), nullable=True),
+    Column("container_id", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # responses | messages | call
+    Column("started_at_ms", BigInteger, nullable=False),  # the first command's start
+    Column("ended_at_ms", BigInteger, nullable=False),  # when the request completed
+    Column("measured_ms", BigInteger, nullable=False),
+    Column("billed_ms", BigInteger, nullable=False),  # measured, or the minimum
+    Column("started_container", Boolean, nullable=False),  # created or woke it: the minimum
+)
+Index("ix_sandbox_usage_ended", sandbox_usage.c.ended_at_ms, sandbox_usage.c.project)
+
+# Keys that may read organization usage and costs and /metrics (``shellbox keys create
+# --admin``): a grant per api_keys row, so existing databases need no column added.
+admin_keys = Table(
+    "admin_keys",
+    metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+# -- end of metering and admin keys -------------------------------------------------------------

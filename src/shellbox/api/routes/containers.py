@@ -187,7 +187,10 @@ async def create_call(
     if not stream:
 
         async def run() -> Response:
-            return JSONResponse(await services.calls.call(principal, container_id, item))
+            meter = services.metering.direct_call(principal, container_id, str(item.get("type")))
+            out = await services.calls.call(principal, container_id, item)
+            meter.done(out)  # billed before the answer goes out
+            return JSONResponse(out)
 
         # A retry after a crash must not run the command a second time: rerun=False.
         return await idempotent(request, principal, services, run, rerun=False)
@@ -222,12 +225,16 @@ async def create_call(
         services.calls.shell_call_events(principal, container_id, item),
     )
 
+    meter = services.metering.direct_call(principal, container_id, "shell_call")
+
     async def body() -> AsyncIterator[bytes]:
         try:
             async for event in events:
-                if claim is not None and event["type"] == "response.output_item.done":
-                    result = json.dumps(event["item"], ensure_ascii=False).encode()
-                    idem.finish(claim, Stored(200, "application/json", result))
+                if event["type"] == "response.output_item.done":
+                    meter.done(event["item"])  # billed before the last event goes out
+                    if claim is not None:
+                        result = json.dumps(event["item"], ensure_ascii=False).encode()
+                        idem.finish(claim, Stored(200, "application/json", result))
                 yield _sse(event)
         except ShellboxError as exc:
             yield _sse(

@@ -42,7 +42,7 @@ def server_timing(run: Run, started_ns: int) -> str:
 
 
 def stream(run: Run) -> StreamingResponse:
-    events = run.events()
+    events = run.client_events()
 
     async def body() -> AsyncIterator[bytes]:
         try:

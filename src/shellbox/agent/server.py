@@ -314,7 +314,10 @@ class Cgroups:
     def new_group(self) -> str:
         """The cgroup for one command, from the pool or made now; returns its name."""
         if self._free:
-            return self._free.pop()
+            # First in, first out: every pooled cgroup takes its turn. Last in, first out let
+            # two cgroups alternate forever over one released under them (a killed command's,
+            # once its leftovers were swept), which then never served again.
+            return self._free.pop(0)
         self._counter += 1
         name = f"cmd-{self._counter}"
         if self.available:

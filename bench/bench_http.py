@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench_server import wait_healthy
+from bench_server import stop_server, wait_healthy
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
 from shellbox.settings import Settings
@@ -104,12 +103,7 @@ class Server:
         return {"authorization": f"Bearer {self.key}"}
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        stop_server(self.proc, self.log)
         runtime = OciRuntime(self.dir, image_path())
         for info in asyncio.run(runtime.list()):
             asyncio.run(runtime.destroy(info.id))

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench_server import wait_healthy
+from bench_server import stop_server, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
@@ -144,12 +143,7 @@ class Server:
         from shellbox.sandbox import OciRuntime
         from shellbox.sandbox.image import image_for
 
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        stop_server(self.proc, self.log)
         runtime = OciRuntime(self.dir, image_for(IMAGE_DIR, "minimal").path)
         for info in asyncio.run(runtime.list()):
             asyncio.run(runtime.destroy(info.id))

@@ -28,7 +28,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from bench_server import wait_healthy
+from bench_server import stop_server, wait_healthy
 from shellbox.sandbox import OciRuntime, hostns
 from shellbox.sandbox.image import image_for
 
@@ -87,12 +86,7 @@ class Server:
         raise SystemExit(f"no freeze logged for {snapshot_id}")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        stop_server(self.proc, self.log)
         runtime = OciRuntime(self.dir, image_for(IMAGE_DIR, "default").path)
         for info in asyncio.run(runtime.list()):
             asyncio.run(runtime.destroy(info.id))

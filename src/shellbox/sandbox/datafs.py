@@ -25,6 +25,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from shellbox.errors import DiskQuotaExceeded, FileNotFound, InvalidRequest, PathOutsideWorkspace
 from shellbox.sandbox.base import FileInfo
@@ -65,6 +66,14 @@ def path_error(exc: OSError, rel: str, param: str) -> InvalidRequest | None:
     return InvalidRequest(f"{_shown(rel)} {reason}", param=param)
 
 
+def raise_path_error(exc: OSError, rel: str, param: str) -> NoReturn:
+    """Raise the client error ``path_error`` finds for ``exc``, or ``exc`` itself."""
+    mapped = path_error(exc, rel, param)
+    if mapped is None:
+        raise exc
+    raise mapped from None
+
+
 def _shown(rel: str) -> str:
     """``rel`` as messages show it: absolute, and cut short when it is very long."""
     where = f"{DATA_MOUNT}/{rel}"
@@ -88,10 +97,7 @@ def _parent_fd(root: Path, rel: str, *, param: str = "path") -> Iterator[int]:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        mapped = path_error(exc, rel, param)
-        if mapped is None:
-            raise
-        raise mapped from None
+        raise_path_error(exc, rel, param)
     finally:
         os.close(fd)
 
@@ -158,10 +164,7 @@ def resolve(root: Path, rel: str, *, param: str = "path", allow_root: bool = Fal
         check_name_limits(resolved, shown=rel, param=param)
         return resolved
     except OSError as exc:
-        mapped = path_error(exc, rel, param)
-        if mapped is None:
-            raise
-        raise mapped from None
+        raise_path_error(exc, rel, param)
     finally:
         walk.close()
 
@@ -326,10 +329,7 @@ def write_file(
                 "again"
             )
             raise DiskQuotaExceeded(msg, param=param) from None
-        mapped = path_error(exc, rel, param)
-        if mapped is None:
-            raise
-        raise mapped from None
+        raise_path_error(exc, rel, param)
     finally:
         os.close(base)
 

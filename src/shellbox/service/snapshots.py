@@ -71,6 +71,12 @@ class SnapshotService(ContainerFeature):
         async with self.containers.activity(principal, cid, wake=False) as container:
             taken = await self.runtime.snapshot(container.id, sid)
         log.info("snapshot %s of %s: processes frozen %.1f ms", sid, cid, taken.frozen_s * 1e3)
+        held = taken.bytes
+        if taken.own_writes_only and container.snapshot_id is not None:
+            # A fork's disk counts only its own writes: add what it started with, so that
+            # this snapshot counts all it holds (an upper bound: shared data the fork
+            # overwrote counts twice) even once the snapshot it came from is gone.
+            held += self.store.bytes_of(container.snapshot_id) or 0
         now = int(time.time())
         record = SnapshotRecord(
             id=sid,
@@ -78,7 +84,7 @@ class SnapshotService(ContainerFeature):
             container_id=cid,
             name=name,
             status=READY,
-            bytes=taken.bytes,
+            bytes=held,
             created_at=now,
             last_used_at=now,
         )

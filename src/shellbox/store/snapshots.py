@@ -74,6 +74,7 @@ class SnapshotStore(Protocol):
         self, record: SnapshotRecord, quota: SnapshotQuota
     ) -> SnapshotUsage | None: ...
     def used(self, snapshot_id: str, at: int) -> None: ...
+    def bytes_of(self, snapshot_id: str) -> int | None: ...
     def hide(self, snapshot_id: str, at: int) -> None: ...
     def unused_since(self, before: int) -> list[SnapshotRecord]: ...
     def released(self) -> list[str]: ...
@@ -164,6 +165,14 @@ class SqlSnapshotStore:
                 .where(snapshots.c.id == snapshot_id, snapshots.c.last_used_at < at)
                 .values(last_used_at=at)
             )
+
+    def bytes_of(self, snapshot_id: str) -> int | None:
+        """A snapshot's bytes, hidden or not (a live fork's snapshot always has its row)."""
+        with self.db.connect() as conn:
+            found = conn.execute(
+                select(snapshots.c.bytes).where(snapshots.c.id == snapshot_id)
+            ).scalar()
+        return None if found is None else int(found)
 
     def hide(self, snapshot_id: str, at: int) -> None:
         """Deleted from the API: no longer listed, found or forked; its row stays until

@@ -9,7 +9,10 @@ The workspace root is the container's ``/mnt/data``: a manifest that keeps the S
 root (``/workspace``) is moved there, and other roots must lie under it. Commands run as the
 sandbox user (uid 1000, no sudo) through the calls endpoint; files are read and written
 through the server's workspace endpoints, so path checks and archive extraction happen on the
-server side of the sandbox boundary.
+server side of the sandbox boundary. The server follows a symbolic link that stays inside
+/mnt/data (a write goes to its target, as with the SDK's Docker provider) and refuses one that
+leads out; that refusal is raised here as ``InvalidManifestPathError``, the SDK's error for a
+path escaping the workspace.
 
 Persisting the workspace (``workspace_persistence``): ``"auto"`` (the default) takes a
 server-side snapshot of the container (O(1), and it keeps all the container's files: packages
@@ -23,10 +26,7 @@ always does (for a workspace to be hydrated on another server, or another provid
 reference is only good on the server and project that took it, while the snapshot lives:
 ``lifecycle.snapshot_expires_after_days`` from its last use). A session's new persist deletes
 the snapshot its previous one took, as a new tar replaces the previous one in the SDK's
-snapshot store. The
-server follows a symbolic link that stays inside /mnt/data (a write goes to its target, as
-with the SDK's Docker provider) and refuses one that leads out; that refusal is raised here
-as ``InvalidManifestPathError``, the SDK's error for a path escaping the workspace.
+snapshot store.
 """
 
 from __future__ import annotations

@@ -15,4 +15,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/mypy
 .venv/bin/pytest "$@"
 SHELLBOX_TEST_DATABASE=postgresql exec .venv/bin/pytest "$@" \
-  tests/api/test_containers.py tests/api/test_files.py tests/api/test_auth.py
+  tests/api/test_containers.py tests/api/test_files.py tests/api/test_auth.py \
+  tests/api/test_snapshot_retention.py

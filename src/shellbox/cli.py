@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from shellbox.errors import ImageBuildError, ShellboxError
+from shellbox.errors import ImageBuildError, InvalidRequest, ShellboxError, SnapshotNotFound
 from shellbox.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = limits.exec_request(
         commands, args.timeout_ms, args.max_output_length, param="commands"
     )
+    if args.snapshot and args.container:
+        msg = "--snapshot starts a new container from the snapshot: leave out --container"
+        raise InvalidRequest(msg, param="snapshot")
+    if args.snapshot:
+        _use_snapshot(settings, args.snapshot)
     runtime = create_runtime(settings)
 
     async def go() -> dict[str, Any]:
@@ -56,16 +61,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             await runtime.start(container_id)  # no-op when it already runs
         else:
             container_id = new_id("cntr_")
-            await runtime.create(
-                ContainerSpec(
-                    id=container_id,
-                    memory_limit=args.memory_limit,
-                    pids_limit=settings.runtime.pids_limit,
-                    cpus=settings.runtime.cpus,
-                    tmp_size_mb=settings.runtime.tmp_size_mb,
-                    disk_limit_bytes=settings.disk_limit_bytes(),
-                )
+            spec = ContainerSpec(
+                id=container_id,
+                memory_limit=args.memory_limit,
+                pids_limit=settings.runtime.pids_limit,
+                cpus=settings.runtime.cpus,
+                tmp_size_mb=settings.runtime.tmp_size_mb,
+                disk_limit_bytes=settings.disk_limit_bytes(),
             )
+            if args.snapshot:
+                await runtime.fork(spec, args.snapshot)
+            else:
+                await runtime.create(spec)
         try:
             if not args.container:
                 await runtime.start(container_id)
@@ -86,6 +93,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(item, ensure_ascii=False), file=sys.stderr)
     return 0
+
+
+def _use_snapshot(settings: Settings, snapshot_id: str) -> None:
+    """A fork from the command line uses its snapshot as one through the API does (it moves
+    ``last_used_at``, which expiry counts from); a deleted or expired one is refused. The
+    server's store decides, whatever the project: ``run`` is the host operator's tool."""
+    import time
+
+    from shellbox.store import create_database, create_stores
+
+    db = create_database(settings.database_url())
+    try:
+        store = create_stores(db).snapshots
+        if snapshot_id not in store.ids():
+            msg = f"no snapshot {snapshot_id!r} on this server (deleted, expired, or never taken)"
+            raise SnapshotNotFound(msg, param="snapshot")
+        store.used(snapshot_id, int(time.time()))
+    finally:
+        db.dispose()
 
 
 def _profile(args: argparse.Namespace, settings: Settings) -> Profile:
@@ -332,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--memory-limit", choices=["1g", "4g", "16g", "64g"], default="1g")
     run.add_argument("--keep", action="store_true", help="keep the container; print its id")
     run.add_argument("--container", help="run in this existing container")
+    run.add_argument(
+        "--snapshot",
+        metavar="SNAP_ID",
+        help="start the new container from this snapshot's files (a copy-on-write fork)",
+    )
     run.add_argument("commands", nargs=argparse.REMAINDER, help="-- CMD [CMD ...]")
     run.set_defaults(func=cmd_run)
 

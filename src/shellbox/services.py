@@ -116,6 +116,7 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     containers.attach(metering)
     containers.attach(skills.mounts)
     containers.attach(egress, pool=("allowlist", egress.warm))
+    containers.attach(snapshots)  # (its housekeeping: expiry)
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
     )

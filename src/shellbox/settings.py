@@ -76,6 +76,15 @@ class LimitSettings(_Section):
     max_snapshots_per_project: int = Field(
         100, ge=0, description="snapshots a project may keep (they outlive their containers)"
     )
+    max_snapshot_gb_per_project: float = Field(
+        32,
+        ge=0,
+        description="snapshot bytes a project may hold, in GiB: each snapshot counts what its "
+        "container's disk held when it was taken, and a deleted snapshot keeps counting while "
+        "containers forked from it live (they still use its data); past it a snapshot answers "
+        "429. The default is half of storage.size_gb's: even if every counted byte stopped "
+        "being shared, one project's saved states would leave half the disks to containers",
+    )
     disk_gb: float = Field(
         10,
         gt=0,
@@ -115,6 +124,13 @@ class LifecycleSettings(_Section):
     )
     idempotency_ttl_s: float = Field(
         86_400, gt=0, description="how long an Idempotency-Key's result is kept for retries"
+    )
+    snapshot_expires_after_days: float = Field(
+        30,
+        gt=0,
+        description="days a snapshot is kept after it was last used (taken, or forked: a fork "
+        "counts as use); then it is deleted as DELETE /v1/snapshots/{id} would (forks of it "
+        "keep their files). A fraction of a day is allowed (tests use seconds)",
     )
     idle_sleep: Literal["freeze", "stop"] = Field(
         "freeze",

@@ -172,7 +172,8 @@ async def test_a_root_under_mnt_data_and_workspace_tar_round_trip(
     with pytest.raises(ValueError, match="outside /mnt/data"):
         await client.create(manifest=Manifest(root="/srv/app"))
     manifest = Manifest(root="/mnt/data/proj", entries={"a.txt": File(content=b"A\n")})
-    source = await client.create(manifest=manifest, options=ShellboxSandboxClientOptions())
+    tar = ShellboxSandboxClientOptions(workspace_persistence="tar")
+    source = await client.create(manifest=manifest, options=tar)
     target = await client.create(manifest=Manifest(root="/mnt/data/proj"))
     try:
         await source.start()

@@ -244,7 +244,7 @@ def container(record: ContainerRecord, runtime: RuntimeInfo) -> dict[str, Any]:
     }
 
 
-def snapshot(record: SnapshotRecord) -> dict[str, Any]:
+def snapshot(record: SnapshotRecord, expires_at: int) -> dict[str, Any]:
     return {
         "id": record.id,
         "object": "container.snapshot",
@@ -252,6 +252,7 @@ def snapshot(record: SnapshotRecord) -> dict[str, Any]:
         "name": record.name,
         "created_at": record.created_at,
         "last_used_at": record.last_used_at,
+        "expires_at": expires_at,
         "bytes": record.bytes,
         "status": record.status,
     }
@@ -358,7 +359,8 @@ class Snapshot(_Wire):
     container_id: str
     name: str | None
     created_at: int
-    last_used_at: int
+    last_used_at: int  # when it was taken or last forked
+    expires_at: int  # last_used_at + lifecycle.snapshot_expires_after_days
     bytes: int  # what the container's disk held when the snapshot was taken
     status: str
 

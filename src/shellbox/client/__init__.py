@@ -7,6 +7,9 @@
     out = sb.calls.shell(container.id, ["echo hi"])             # POST /v1/containers/{id}/calls
     with sb.calls.stream_shell(container.id, ["make"]) as stream:
         for event in stream: ...                                # deltas while it runs
+    snap = sb.snapshots.create(container.id, name="prepared")   # its files saved
+    fork = sb.snapshots.fork(snap.id, name="try-2")             # a new container from them
+    sb.containers.pause(fork.id); sb.containers.resume(fork.id)
 
 ``AsyncShellbox`` is the same with ``await``. Failures raise the classes in
 ``shellbox.client.errors``. This package needs only ``httpx``; ``.openai`` needs ``openai``.
@@ -36,6 +39,7 @@ from shellbox.client.types import (
     CallDone,
     CommandDone,
     CommandOutput,
+    Container,
     EgressRecord,
     FileCitation,
     LocalShellCallOutput,
@@ -45,6 +49,7 @@ from shellbox.client.types import (
     Page,
     ServerEvent,
     ShellCallOutput,
+    Snapshot,
     StreamEvent,
     WorkspaceFile,
 )
@@ -62,6 +67,7 @@ __all__ = [
     "CommandDone",
     "CommandOutput",
     "ConflictError",
+    "Container",
     "EgressRecord",
     "FileCitation",
     "InternalServerError",
@@ -79,6 +85,7 @@ __all__ = [
     "ShellCallStream",
     "Shellbox",
     "ShellboxClientError",
+    "Snapshot",
     "StreamError",
     "StreamEvent",
     "WorkspaceFile",

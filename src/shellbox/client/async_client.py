@@ -13,11 +13,13 @@ from shellbox.client.errors import InvalidResponseError, status_error, transport
 from shellbox.client.types import (
     ApplyPatchCallOutput,
     CallDone,
+    Container,
     EgressRecord,
     LocalShellCallOutput,
     MountedSkill,
     Page,
     ShellCallOutput,
+    Snapshot,
     StreamEvent,
     WorkspaceFile,
 )
@@ -45,6 +47,8 @@ class AsyncShellbox:
         self.egress = AsyncEgress(self)
         self.skills = AsyncSkills(self)
         self.workspace = AsyncWorkspace(self)
+        self.containers = AsyncContainers(self)
+        self.snapshots = AsyncSnapshots(self)
 
     @property
     def base_url(self) -> str:
@@ -320,3 +324,91 @@ class AsyncWorkspace:
         params = wire.workspace_params(path)
         headers = {"content-type": "application/x-tar"}
         await self._client._request("PUT", url, params=params, content=data, headers=headers)
+
+
+class AsyncContainers:
+    """Pause and resume a container (create, list and delete are the ``openai`` SDK's:
+    ``client.openai.containers``; a fork is ``snapshots.fork``)."""
+
+    def __init__(self, client: AsyncShellbox) -> None:
+        self._client = client
+
+    async def pause(self, container_id: str) -> Container:
+        """Freeze its processes with their memory (status ``paused``, no CPU used); the next
+        call or ``resume`` thaws them where they were."""
+        path = wire.container_path(container_id, "pause")
+        return Container.from_wire(wire.json_body(await self._client._request("POST", path)))
+
+    async def resume(self, container_id: str) -> Container:
+        path = wire.container_path(container_id, "resume")
+        return Container.from_wire(wire.json_body(await self._client._request("POST", path)))
+
+
+class AsyncSnapshots:
+    """A container's writable state saved (``POST /v1/containers/{id}/snapshots``), listed,
+    read and deleted (``/v1/snapshots``), and forked into new containers."""
+
+    def __init__(self, client: AsyncShellbox) -> None:
+        self._client = client
+
+    async def create(self, container_id: str, *, name: str | None = None) -> Snapshot:
+        """Snapshot a container while its processes keep running (frozen for milliseconds);
+        429 ``RateLimitError`` past the project's snapshot count or bytes."""
+        path = wire.container_path(container_id, "snapshots")
+        body = wire.snapshot_body(name)
+        return Snapshot.from_wire(
+            wire.json_body(await self._client._request("POST", path, json=body))
+        )
+
+    async def retrieve(self, snapshot_id: str) -> Snapshot:
+        path = wire.snapshot_path(snapshot_id)
+        return Snapshot.from_wire(wire.json_body(await self._client._request("GET", path)))
+
+    async def list(
+        self, *, after: str | None = None, limit: int | None = None, order: str | None = None
+    ) -> Page[Snapshot]:
+        params = wire.list_params(after, limit, order)
+        body = wire.json_body(await self._client._request("GET", "/snapshots", params=params))
+        p = wire.page(body)
+        return Page([Snapshot.from_wire(d) for d in p.data], p.has_more, p.first_id, p.last_id)
+
+    async def list_all(
+        self, *, limit: int | None = None, order: str | None = None
+    ) -> AsyncIterator[Snapshot]:
+        """Every snapshot of the project, following the cursor page by page."""
+        after: str | None = None
+        while True:
+            p = await self.list(after=after, limit=limit, order=order)
+            for snapshot in p.data:
+                yield snapshot
+            if not p.has_more or not p.data:
+                return
+            after = p.data[-1].id
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete it and its storage; containers forked from it keep their files (and its
+        bytes count against the quota until the last of them is gone)."""
+        await self._client._request("DELETE", wire.snapshot_path(snapshot_id))
+
+    async def fork(
+        self,
+        snapshot_id: str,
+        *,
+        name: str = "fork",
+        memory_limit: str | None = None,
+        expires_after_minutes: int | None = None,
+        network_policy: Mapping[str, Any] | None = None,
+        skills: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Container:
+        """A new container starting from the snapshot's files (copy-on-write: no data is
+        copied), with its own memory limit, expiry and network policy."""
+        body = wire.fork_body(
+            snapshot_id,
+            name=name,
+            memory_limit=memory_limit,
+            expires_after_minutes=expires_after_minutes,
+            network_policy=network_policy,
+            skills=skills,
+        )
+        response = await self._client._request("POST", "/containers", json=body)
+        return Container.from_wire(wire.json_body(response))

@@ -213,3 +213,73 @@ class WorkspaceFile:
 
     path: str
     bytes: int
+
+
+# -- containers and snapshots ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Container:
+    """A container as the server describes it (``object: "container"``); the ``openai``
+    SDK's ``containers`` resource reads the same objects."""
+
+    id: str
+    name: str
+    status: str  # running | sleeping | paused | expired
+    created_at: int
+    last_active_at: int
+    memory_limit: str
+    expires_after_minutes: int | None
+    network_policy: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Container:
+        expires = data.get("expires_after") or {}
+        minutes = expires.get("minutes") if isinstance(expires, dict) else None
+        return cls(
+            id=str(data["id"]),
+            name=str(data.get("name", "")),
+            status=str(data.get("status", "")),
+            created_at=int(data.get("created_at", 0)),
+            last_active_at=int(data.get("last_active_at", 0)),
+            memory_limit=str(data.get("memory_limit", "")),
+            expires_after_minutes=int(minutes) if minutes is not None else None,
+            network_policy=dict(data.get("network_policy") or {}),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A container's saved writable state (``object: "container.snapshot"``): ``/mnt/data``,
+    ``/home/user`` and the rest of its root filesystem's own files, not ``/tmp``.
+
+    ``bytes`` counts against the project's snapshot quota; the snapshot is deleted at
+    ``expires_at`` unless a fork uses it before (which moves ``last_used_at``)."""
+
+    id: str
+    container_id: str
+    name: str | None
+    status: str
+    bytes: int
+    created_at: int
+    last_used_at: int
+    expires_at: int | None
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Snapshot:
+        name = data.get("name")
+        expires_at = data.get("expires_at")
+        return cls(
+            id=str(data["id"]),
+            container_id=str(data.get("container_id", "")),
+            name=str(name) if name is not None else None,
+            status=str(data.get("status", "")),
+            bytes=int(data.get("bytes", 0)),
+            created_at=int(data.get("created_at", 0)),
+            last_used_at=int(data.get("last_used_at", 0)),
+            expires_at=int(expires_at) if expires_at is not None else None,
+            raw=data,
+        )

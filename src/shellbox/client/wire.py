@@ -64,7 +64,44 @@ def container_path(container_id: str, *rest: str) -> str:
     return "/".join(["/containers", quote(container_id, safe=""), *rest])
 
 
+def snapshot_path(snapshot_id: str) -> str:
+    if not snapshot_id:
+        msg = "snapshot_id must be a non-empty string"
+        raise ValueError(msg)
+    return "/snapshots/" + quote(snapshot_id, safe="")
+
+
 # -- request bodies --------------------------------------------------------------------------
+
+
+def fork_body(
+    snapshot_id: str,
+    *,
+    name: str,
+    memory_limit: str | None,
+    expires_after_minutes: int | None,
+    network_policy: Mapping[str, Any] | None,
+    skills: Sequence[Mapping[str, Any]] | None,
+) -> JSON:
+    """``POST /containers`` with ``snapshot_id``: a new container starting from the
+    snapshot's files, with its own settings."""
+    if not snapshot_id:
+        msg = "snapshot_id must be a non-empty string"
+        raise ValueError(msg)
+    body: JSON = {"name": name, "snapshot_id": snapshot_id}
+    if memory_limit is not None:
+        body["memory_limit"] = memory_limit
+    if expires_after_minutes is not None:
+        body["expires_after"] = {"anchor": "last_active_at", "minutes": expires_after_minutes}
+    if network_policy is not None:
+        body["network_policy"] = dict(network_policy)
+    if skills is not None:
+        body["skills"] = [dict(s) for s in skills]
+    return body
+
+
+def snapshot_body(name: str | None) -> JSON:
+    return {} if name is None else {"name": name}
 
 
 def shell_call_item(

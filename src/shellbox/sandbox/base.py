@@ -117,6 +117,9 @@ class SnapshotTaken:
 
     bytes: int  # what the container's disk held when it was taken (what a fork starts with)
     frozen_s: float  # how long the container's processes were frozen for it (0: none ran)
+    # The disk's quota counts only what it wrote itself (btrfs simple quotas), not what a
+    # fork shares with the snapshot it was made from: ``bytes`` leaves that out.
+    own_writes_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -557,7 +557,8 @@ class OciRuntime:
             else:
                 await asyncio.to_thread(self.storage.snapshot, container_id, snapshot_id)
         held = await asyncio.to_thread(self.storage.usage, container_id)
-        return SnapshotTaken(bytes=held or 0, frozen_s=frozen_s)
+        own = self.storage.quota_mode == "simple"
+        return SnapshotTaken(bytes=held or 0, frozen_s=frozen_s, own_writes_only=own)
 
     def _frozen_snapshot(self, container_id: str, snapshot_id: str) -> float:
         """Freeze, snapshot, thaw, in one thread (nothing else is scheduled between);

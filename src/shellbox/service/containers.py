@@ -206,6 +206,7 @@ class ContainerService:
                 network_policy=prov.network_policy,
                 secrets=prov.secrets,
                 skills=prov.skills,
+                snapshot_id=req.snapshot_id,
             )
             rs = self.settings.runtime
             spec = ContainerSpec(

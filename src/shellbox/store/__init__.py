@@ -22,7 +22,13 @@ from shellbox.store.keys import KeyStore, SqlKeyStore
 from shellbox.store.metering import SqlStatsStore, SqlUsageStore, StatsStore, UsageStore
 from shellbox.store.responses import ResponseStore, SqlResponseStore
 from shellbox.store.skills import SkillStore, SqlSkillStore
-from shellbox.store.snapshots import SnapshotRecord, SnapshotStore, SqlSnapshotStore
+from shellbox.store.snapshots import (
+    SnapshotQuota,
+    SnapshotRecord,
+    SnapshotStore,
+    SnapshotUsage,
+    SqlSnapshotStore,
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,10 @@ __all__ = [
     "Quota",
     "ResponseStore",
     "SkillStore",
+    "SnapshotQuota",
     "SnapshotRecord",
     "SnapshotStore",
+    "SnapshotUsage",
     "StatsStore",
     "Stores",
     "Usage",

@@ -60,7 +60,7 @@ def project_lock_key(project: str) -> int:
     return int.from_bytes(hashlib.sha256(project.encode()).digest()[:8], "big", signed=True)
 
 
-_LIVE_ROWS = (containers.c.status.in_(LIVE), containers.c.deleted.is_(False))
+LIVE_ROWS = (containers.c.status.in_(LIVE), containers.c.deleted.is_(False))
 # Built once: on every call's path, and building the expression costs about what running it
 # does.
 _GET = select(containers).where(
@@ -97,7 +97,7 @@ class SqlContainerStore:
     def _usage(conn: Any, project: str) -> Usage:
         rows = conn.execute(
             select(containers.c.memory_limit, func.count())
-            .where(containers.c.project == project, *_LIVE_ROWS)
+            .where(containers.c.project == project, *LIVE_ROWS)
             .group_by(containers.c.memory_limit)
         ).all()
         return Usage({m: n for m, n in rows})
@@ -136,6 +136,7 @@ class SqlContainerStore:
                     secrets=record.secrets or None,
                     skills=record.skills or None,
                     deleted=False,
+                    snapshot_id=record.snapshot_id,
                 )
             )
         return None
@@ -177,7 +178,7 @@ class SqlContainerStore:
             return [ContainerRecord.from_row(r._mapping) for r in rows]
 
     def live(self) -> list[ContainerRecord]:
-        return self._select(*_LIVE_ROWS)
+        return self._select(*LIVE_ROWS)
 
     def all(self) -> list[ContainerRecord]:
         return self._select()
@@ -193,7 +194,7 @@ class SqlContainerStore:
         with self.db.connect() as conn:
             rows = conn.execute(
                 select(containers.c.id, containers.c.skills).where(
-                    *_LIVE_ROWS, containers.c.skills.is_not(None)
+                    *LIVE_ROWS, containers.c.skills.is_not(None)
                 )
             ).all()
         # (a JSON null passes ``IS NOT NULL``: rows without skills are dropped here)

@@ -23,6 +23,7 @@ class ContainerRecord:
     network_policy: dict[str, Any]
     secrets: list[dict[str, str]] = field(default_factory=list)
     skills: list[dict[str, Any]] = field(default_factory=list)
+    snapshot_id: str | None = None  # the snapshot it was forked from
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> ContainerRecord:
@@ -38,6 +39,7 @@ class ContainerRecord:
             network_policy=row["network_policy"] or {"type": "disabled"},
             secrets=row["secrets"] or [],
             skills=row["skills"] or [],
+            snapshot_id=row["snapshot_id"],
         )
 
 

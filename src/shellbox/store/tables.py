@@ -52,6 +52,9 @@ containers = Table(
     Column("secrets", JSON, nullable=True),  # domain_secrets values; never leave the server
     Column("skills", JSON, nullable=True),  # what is mounted (see service/skills)
     Column("deleted", Boolean, nullable=False, default=False),
+    # The snapshot it was forked from (migration 0005): while a live container names it, a
+    # snapshot deleted from the API still counts against its project's snapshot bytes.
+    Column("snapshot_id", String(64), nullable=True, index=True),
 )
 Index("ix_containers_project_name", containers.c.project, containers.c.name)
 
@@ -199,6 +202,8 @@ server_runs = Table(
 # -- snapshots --------------------------------------------------------------------------------
 # A container's saved disk (migration 0003). It outlives its container; ``bytes`` is what the
 # container's disk held when it was taken; ``last_used_at`` moves when a fork is made from it.
+# ``deleted_at`` (migration 0005): deleted from the API (or expired) while forks of it lived;
+# the row stays, hidden, so its bytes count until the last of them is gone.
 
 snapshots = Table(
     "snapshots",
@@ -212,6 +217,7 @@ snapshots = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("created_at", BigInteger, nullable=False),
     Column("last_used_at", BigInteger, nullable=False),
+    Column("deleted_at", BigInteger, nullable=True),
 )
 
 # -- metering and admin keys (issue 14) -------------------------------------------------------

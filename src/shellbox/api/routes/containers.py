@@ -131,7 +131,7 @@ async def create_snapshot(
 
     async def create() -> Response:
         record = await services.snapshots.create(principal, container_id, name)
-        return JSONResponse(schemas.snapshot(record))
+        return JSONResponse(schemas.snapshot(record, services.snapshots.expires_at(record)))
 
     return await idempotent(request, principal, services, create, rerun=True)
 

@@ -23,20 +23,23 @@ async def list_snapshots(
     records, has_more = services.snapshots.list(
         principal, after=paging.after, limit=paging.limit, order=paging.order
     )
-    return JSONResponse(schemas.page([schemas.snapshot(r) for r in records], has_more))
+    shown = [schemas.snapshot(r, services.snapshots.expires_at(r)) for r in records]
+    return JSONResponse(schemas.page(shown, has_more))
 
 
 @router.get("/{snapshot_id}")
 async def retrieve_snapshot(
     snapshot_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    return JSONResponse(schemas.snapshot(services.snapshots.get(principal, snapshot_id)))
+    record = services.snapshots.get(principal, snapshot_id)
+    return JSONResponse(schemas.snapshot(record, services.snapshots.expires_at(record)))
 
 
 @router.delete("/{snapshot_id}")
 async def delete_snapshot(
     snapshot_id: str, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    """Delete a snapshot and its storage; containers forked from it keep their files."""
+    """Delete a snapshot and its storage; containers forked from it keep their files (and its
+    bytes count against the project's snapshot quota until the last of them is gone)."""
     await services.snapshots.delete(principal, snapshot_id)
     return JSONResponse(schemas.deleted(snapshot_id, "container.snapshot.deleted"))

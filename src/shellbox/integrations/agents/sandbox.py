@@ -7,17 +7,32 @@ tools in a shellbox container.
 
 The workspace root is the container's ``/mnt/data``: a manifest that keeps the SDK's default
 root (``/workspace``) is moved there, and other roots must lie under it. Commands run as the
-sandbox user (uid 1000, no sudo) through the calls endpoint; files are read and written, and
-the workspace persisted and hydrated as tar, through the server's workspace endpoints, so
-path checks and archive extraction happen on the server side of the sandbox boundary. The
-server follows a symbolic link that stays inside /mnt/data (a write goes to its target, as
-with the SDK's Docker provider) and refuses one that leads out; that refusal is raised here
-as ``InvalidManifestPathError``, the SDK's error for a path escaping the workspace.
+sandbox user (uid 1000, no sudo) through the calls endpoint; files are read and written
+through the server's workspace endpoints, so path checks and archive extraction happen on the
+server side of the sandbox boundary. The server follows a symbolic link that stays inside
+/mnt/data (a write goes to its target, as with the SDK's Docker provider) and refuses one that
+leads out; that refusal is raised here as ``InvalidManifestPathError``, the SDK's error for a
+path escaping the workspace.
+
+Persisting the workspace (``workspace_persistence``): ``"auto"`` (the default) takes a
+server-side snapshot of the container (O(1), and it keeps all the container's files: packages
+installed under ``/home/user`` too) and hands the SDK a *snapshot reference* instead of a tar:
+the bytes ``SHELLBOX_SNAPSHOT_V1\n`` then ``{"snapshot_id": ..., "base_url": ...}``, which
+whatever ``SnapshotBase`` the run uses stores like any archive. Hydrating a reference forks the
+snapshot into a new container that replaces the session's; hydrating anything else unpacks it
+as a tar. ``"auto"`` persists a tar instead when the server has no snapshots (501) or the
+session has paths the SDK asked to leave out (a snapshot cannot leave them out); ``"tar"``
+always does (for a workspace to be hydrated on another server, or another provider: a
+reference is only good on the server and project that took it, while the snapshot lives:
+``lifecycle.snapshot_expires_after_days`` from its last use). A session's new persist deletes
+the snapshot its previous one took, as a new tar replaces the previous one in the SDK's
+snapshot store.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import re
@@ -47,7 +62,7 @@ from agents.sandbox.types import ExecResult, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tar_bytes
 from pydantic import Field
 
-from shellbox.client import AsyncShellbox, NotFoundError, ShellboxClientError
+from shellbox.client import AsyncShellbox, NotFoundError, ShellboxClientError, Snapshot
 from shellbox.client.errors import APIStatusError
 
 log = logging.getLogger("shellbox.integrations.agents")
@@ -65,7 +80,34 @@ LIVE_STATUSES = ("running", "sleeping", "paused")  # either wakes on its next ca
 # The server's error code for a path whose symbolic links lead out of /mnt/data.
 PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
 
+# What a persisted workspace starts with when it is a reference to a server-side snapshot
+# (the SDK's Modal, Runloop and Vercel providers mark theirs the same way).
+SNAPSHOT_REF_MAGIC = b"SHELLBOX_SNAPSHOT_V1\n"
+SNAPSHOTS_UNAVAILABLE = "snapshots_unavailable"
+
 MemoryLimit = Literal["1g", "4g", "16g", "64g"]
+WorkspacePersistence = Literal["auto", "tar"]
+
+
+def encode_snapshot_ref(snapshot_id: str, base_url: str) -> bytes:
+    body = {"snapshot_id": snapshot_id, "base_url": base_url}
+    return SNAPSHOT_REF_MAGIC + json.dumps(body, sort_keys=True).encode()
+
+
+def decode_snapshot_ref(raw: bytes) -> tuple[str, str] | None:
+    """``(snapshot_id, base_url)`` of a reference; None for anything else (a tar)."""
+    if not raw.startswith(SNAPSHOT_REF_MAGIC):
+        return None
+    try:
+        body = json.loads(raw[len(SNAPSHOT_REF_MAGIC) :].decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    sid, url = body.get("snapshot_id"), body.get("base_url")
+    if not isinstance(sid, str) or not sid or not isinstance(url, str):
+        return None
+    return sid, url
 
 
 class ShellboxSandboxClientOptions(BaseSandboxClientOptions):
@@ -81,6 +123,10 @@ class ShellboxSandboxClientOptions(BaseSandboxClientOptions):
     keep_on_exit: bool = False
     """Leave the container running when the session shuts down (it sleeps when idle and
     expires by itself), so ``resume`` can reattach to it instead of hydrating a new one."""
+    workspace_persistence: WorkspacePersistence = "auto"
+    """How the workspace is persisted: ``"auto"``, a reference to a server-side snapshot
+    when the server takes them (else a tar); ``"tar"``, always a tar (portable to other
+    servers and providers)."""
 
 
 class ShellboxSandboxSessionState(SandboxSessionState):
@@ -95,6 +141,9 @@ class ShellboxSandboxSessionState(SandboxSessionState):
     skills: list[dict[str, Any]] | None = None
     file_ids: list[str] | None = None
     keep_on_exit: bool = False
+    workspace_persistence: WorkspacePersistence = "auto"
+    # The snapshot this session's last persist took (deleted by its next persist).
+    persisted_snapshot_id: str | None = None
 
 
 def shellbox_manifest(manifest: Manifest | None) -> Manifest:
@@ -333,11 +382,50 @@ class ShellboxSandboxSession(BaseSandboxSession):
     # -- persistence ------------------------------------------------------------------------
 
     async def persist_workspace(self) -> io.IOBase:
+        """A reference to a new server-side snapshot, or a tar of the workspace (see the
+        module's docstring for which)."""
+        if self.state.workspace_persistence == "auto" and not self._persist_skip_paths():
+            snapshot = await self._take_snapshot()
+            if snapshot is not None:
+                return io.BytesIO(encode_snapshot_ref(snapshot.id, self._api.base_url))
+        return await self._persist_tar()
+
+    def _persist_skip_paths(self) -> list[str]:
+        return sorted(p.as_posix() for p in self._persist_workspace_skip_relpaths())
+
+    async def _take_snapshot(self) -> Snapshot | None:
+        """The container's snapshot; None when the server takes none (tar then)."""
         root = self._workspace_root_path()
-        excludes = sorted(p.as_posix() for p in self._persist_workspace_skip_relpaths())
+        name = f"agents-{self.state.session_id.hex[:12]}"
+        try:
+            snapshot = await self._api.snapshots.create(self.state.container_id, name=name)
+        except APIStatusError as exc:
+            if exc.code == SNAPSHOTS_UNAVAILABLE:
+                return None
+            raise WorkspaceArchiveReadError(
+                path=root, context={"reason": "snapshot_failed", "detail": exc.message}, cause=exc
+            ) from exc
+        except ShellboxClientError as exc:
+            raise WorkspaceArchiveReadError(
+                path=root, context={"reason": "snapshot_failed", "detail": str(exc)}, cause=exc
+            ) from exc
+        previous, self.state.persisted_snapshot_id = self.state.persisted_snapshot_id, snapshot.id
+        if previous is not None and previous != snapshot.id:
+            try:
+                await self._api.snapshots.delete(previous)
+            except NotFoundError:
+                pass  # expired, or deleted by someone else
+            except ShellboxClientError as exc:
+                log.warning("could not delete the previous snapshot %s: %s", previous, exc)
+        return snapshot
+
+    async def _persist_tar(self) -> io.IOBase:
+        root = self._workspace_root_path()
         try:
             raw = await self._api.workspace.export_archive(
-                self.state.container_id, path=_data_relative(root) or None, exclude=excludes
+                self.state.container_id,
+                path=_data_relative(root) or None,
+                exclude=self._persist_skip_paths(),
             )
         except ShellboxClientError as exc:
             raise WorkspaceArchiveReadError(
@@ -352,6 +440,10 @@ class ShellboxSandboxSession(BaseSandboxSession):
             raw = raw.encode("utf-8")
         if not isinstance(raw, bytes | bytearray):
             raise WorkspaceWriteTypeError(path=root, actual_type=type(raw).__name__)
+        ref = decode_snapshot_ref(bytes(raw))
+        if ref is not None:
+            await self._hydrate_from_snapshot(*ref)
+            return
         try:
             # The server unpacks inside the container anyway; refusing here gives the caller
             # the SDK's own error for archives no provider accepts.
@@ -371,6 +463,60 @@ class ShellboxSandboxSession(BaseSandboxSession):
                 path=root, context={"detail": str(exc)}, cause=exc
             ) from exc
         self._root_ready = True
+
+    async def _hydrate_from_snapshot(self, snapshot_id: str, base_url: str) -> None:
+        """Replace the session's container with a fork of the snapshot: the whole container
+        as it was persisted (the workspace, and what was installed outside it)."""
+        root = self._workspace_root_path()
+        context: dict[str, object] = {"snapshot_id": snapshot_id, "snapshot_base_url": base_url}
+        try:
+            fork = await self._api.snapshots.fork(snapshot_id, **fork_settings(self.state))
+        except NotFoundError as exc:
+            # Not on this server (or project), or expired: there is no tar to fall back to.
+            context |= {
+                "reason": "snapshot_not_found",
+                "detail": f"{exc.message} A snapshot reference is only good on the server and "
+                "project that took it; persist with workspace_persistence='tar' to move a "
+                "workspace elsewhere.",
+            }
+            raise WorkspaceArchiveWriteError(path=root, context=context, cause=exc) from exc
+        except ShellboxClientError as exc:
+            context |= {"reason": "fork_failed", "detail": str(exc)}
+            raise WorkspaceArchiveWriteError(path=root, context=context, cause=exc) from exc
+        replaced, self.state.container_id = self.state.container_id, fork.id
+        self._root_ready = True
+        if replaced:
+            try:
+                await self._api.openai.containers.delete(replaced)
+            except openai.NotFoundError:
+                pass
+            except openai.APIError as exc:
+                log.warning("could not delete the replaced container %s: %s", replaced, exc)
+
+    async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        """As the SDK's, but a snapshot reference replaces the whole container: clearing the
+        workspace first would be wasted round trips."""
+        archive = await self.state.snapshot.restore(dependencies=self.dependencies)
+        try:
+            raw = archive.read()
+        finally:
+            archive.close()
+        payload = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+        if decode_snapshot_ref(payload) is None:
+            await self._clear_workspace_root_on_resume()
+        await self.hydrate_workspace(io.BytesIO(payload))
+
+
+def fork_settings(state: ShellboxSandboxSessionState) -> dict[str, Any]:
+    """The session's container settings, for a fork that replaces its container (file_ids
+    are left out: their files are in the snapshot already)."""
+    return {
+        "name": state.name,
+        "memory_limit": state.memory_limit,
+        "expires_after_minutes": state.expires_after_minutes,
+        "network_policy": state.network_policy,
+        "skills": state.skills,
+    }
 
 
 class ShellboxSandboxClient(BaseSandboxClient[ShellboxSandboxClientOptions]):
@@ -415,6 +561,7 @@ class ShellboxSandboxClient(BaseSandboxClient[ShellboxSandboxClientOptions]):
             skills=options.skills,
             file_ids=options.file_ids,
             keep_on_exit=options.keep_on_exit,
+            workspace_persistence=options.workspace_persistence,
         )
         state.container_id = await self._create_container(state)
         inner = ShellboxSandboxSession(state=state, client=self.api)

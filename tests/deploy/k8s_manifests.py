@@ -10,6 +10,8 @@ a manifest change that needs more fails here rather than being checked half-rend
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,14 +100,22 @@ def schema_errors(manifests: Iterable[Manifest], versions: Iterable[str] = VERSI
     errors = []
     for manifest in manifests:
         for version in versions:
-            try:
-                kubernetes_validate.validate(manifest, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                where = ".".join(str(p) for p in exc.path)
-                errors.append(f"{'/'.join(identity(manifest))} ({version}) {where}: {exc.message}")
-            except kubernetes_validate.SchemaNotFoundError as exc:
-                errors.append(f"{'/'.join(identity(manifest))} ({version}): {exc}")
+            error = _schema_error(json.dumps(manifest, sort_keys=True), version)
+            if error is not None:
+                errors.append(f"{'/'.join(identity(manifest))} ({version}) {error}")
     return errors
+
+
+@functools.lru_cache(maxsize=512)
+def _schema_error(manifest_json: str, version: str) -> str | None:
+    """One manifest against one version's schema (the same manifest recurs across tests)."""
+    try:
+        kubernetes_validate.validate(json.loads(manifest_json), version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return f"{'.'.join(str(p) for p in exc.path)}: {exc.message}"
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        return str(exc)
+    return None
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ Differences from the Deployment, each for a reason:
   device) and no warm pool, and the container creates none;
 - it listens on 127.0.0.1 (host network), not 0.0.0.0: no test traffic leaves this machine,
   and a server with no API key listens only on loopback;
-- it runs as root (the Deployment: uid 10001), with every capability dropped, no new
-  privileges and a read-only root filesystem, as the Deployment has them.
+- the Deployment's security context, as podman says it: uid 0 with every capability
+  dropped, no new privileges, a read-only root filesystem, and the Secret's files 0400.
 
 The node role: in a container with what the node DaemonSet
 (deploy/kubernetes/base/node-daemonset.yaml) gives its pod (privileged, its hostPaths), the
@@ -114,8 +114,12 @@ def test_api_role_from_the_image_answers_healthz(
     settings = yaml.safe_load(CONFIGMAP.read_text())["data"]
     key_dir = tmp_path / "secrets"  # what the shellbox-keys Secret holds
     key_dir.mkdir()
-    (key_dir / "secrets.key").write_bytes(Fernet.generate_key())
-    (key_dir / "cluster-key").write_text(os.urandom(32).hex())
+    for name, value in (
+        ("secrets.key", Fernet.generate_key().decode()),
+        ("cluster-key", os.urandom(32).hex()),
+    ):
+        (key_dir / name).write_text(value)
+        (key_dir / name).chmod(0o400)  # the Secret volume's defaultMode
     env = {
         **settings,
         "SHELLBOX_STORE__DATABASE_URL": url,  # the Secret's `url`, by the same variable

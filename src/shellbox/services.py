@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
 from shellbox.responses.service import ResponsesService
@@ -57,11 +58,16 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    # The egress namespaces and proxy of the runtime built here (None: a runtime given from
+    # outside, e.g. a node's, which has its own).
+    network: EgressNetwork | None = None
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
         await self.idempotency.start()
         await self.skills.start()
+        if self.network is not None:
+            await self.network.start()
         await self.egress.start()
         await self.containers.recover()
         await self.snapshots.sweep()
@@ -76,6 +82,8 @@ class Services:
             self.egress.close,
             self.idempotency.close,
         ]
+        if self.network is not None:
+            closers.insert(2, self.network.close)
         for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
@@ -90,7 +98,22 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
-    runtime = runtime or create_runtime(settings)
+    network = None
+    if runtime is None:
+        network = EgressNetwork(settings, stores.egress)
+        runtime = create_runtime(settings, network=network)
+    return _compose(settings, db, stores, runtime, network)
+
+
+def _compose(
+    settings: Settings,
+    db: Database,
+    stores: Stores,
+    runtime: Runtime,
+    network: EgressNetwork | None,
+) -> Services:
+    """Everything above the runtime, whichever runtime it is (``network``: the egress
+    collaborator of a runtime built here, whose start, stop and audit this process owns)."""
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
@@ -105,16 +128,23 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     )
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-    skills = install_skills(settings, stores.skills, stores.containers)
+    skills = install_skills(settings, stores.skills, stores.containers, runtime)
     spec = partial(default_spec, settings)
-    egress = install_egress(settings, stores.egress, stores.containers, runtime, spec)
+    egress = install_egress(
+        settings,
+        stores.egress,
+        stores.containers,
+        runtime,
+        spec,
+        flush_audit=network.ingest if network is not None else None,
+    )
     # Attachment order is the order of every step: the files' index and the idempotency key
-    # first, then skills' mounts, then egress's namespace and proxy policy.
+    # first, then skills' mounts, then egress's policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
     metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
     containers.attach(metering)
-    containers.attach(skills.mounts)
+    containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
@@ -136,4 +166,5 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         skills,
         egress,
         responses,
+        network,
     )

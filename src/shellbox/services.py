@@ -17,8 +17,10 @@ from typing import Any
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
+from shellbox.errors import SandboxError
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
+from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService, default_spec
 from shellbox.service.files import FileService
@@ -84,6 +86,8 @@ class Services:
         ]
         if self.network is not None:
             closers.insert(2, self.network.close)
+        if isinstance(self.runtime, RemoteRuntime):
+            closers.append(self.runtime.aclose)
         for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
@@ -99,10 +103,26 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
     network = None
+    if runtime is None and settings.cluster.node_url is not None:
+        runtime = _node_runtime(settings)
     if runtime is None:
         network = EgressNetwork(settings, stores.egress)
         runtime = create_runtime(settings, network=network)
     return _compose(settings, db, stores, runtime, network)
+
+
+def _node_runtime(settings: Settings) -> RemoteRuntime:
+    """The runtime of the one node ``cluster.node_url`` names."""
+    cluster = settings.cluster
+    assert cluster.node_url is not None
+    if cluster.key_file is None:
+        msg = "cluster.node_url needs cluster.key_file: the key the node expects"
+        raise SandboxError(msg)
+    return RemoteRuntime(
+        cluster.node_url,
+        load_cluster_key(cluster.key_file),
+        connect_timeout_s=cluster.node_connect_timeout_s,
+    )
 
 
 def _compose(

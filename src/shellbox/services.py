@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
+from shellbox.errors import SandboxError
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
+from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService, default_spec
 from shellbox.service.files import FileService
@@ -57,11 +60,16 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    # The egress namespaces and proxy of the runtime built here (None: a runtime given from
+    # outside, e.g. a node's, which has its own).
+    network: EgressNetwork | None = None
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
         await self.idempotency.start()
         await self.skills.start()
+        if self.network is not None:
+            await self.network.start()
         await self.egress.start()
         await self.containers.recover()
         await self.snapshots.sweep()
@@ -76,6 +84,10 @@ class Services:
             self.egress.close,
             self.idempotency.close,
         ]
+        if self.network is not None:
+            closers.insert(2, self.network.close)
+        if isinstance(self.runtime, RemoteRuntime):
+            closers.append(self.runtime.aclose)
         for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
@@ -90,7 +102,38 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
-    runtime = runtime or create_runtime(settings)
+    network = None
+    if runtime is None and settings.cluster.node_url is not None:
+        runtime = _node_runtime(settings)
+    if runtime is None:
+        network = EgressNetwork(settings, stores.egress)
+        runtime = create_runtime(settings, network=network)
+    return _compose(settings, db, stores, runtime, network)
+
+
+def _node_runtime(settings: Settings) -> RemoteRuntime:
+    """The runtime of the one node ``cluster.node_url`` names."""
+    cluster = settings.cluster
+    assert cluster.node_url is not None
+    if cluster.key_file is None:
+        msg = "cluster.node_url needs cluster.key_file: the key the node expects"
+        raise SandboxError(msg)
+    return RemoteRuntime(
+        cluster.node_url,
+        load_cluster_key(cluster.key_file),
+        connect_timeout_s=cluster.node_connect_timeout_s,
+    )
+
+
+def _compose(
+    settings: Settings,
+    db: Database,
+    stores: Stores,
+    runtime: Runtime,
+    network: EgressNetwork | None,
+) -> Services:
+    """Everything above the runtime, whichever runtime it is (``network``: the egress
+    collaborator of a runtime built here, whose start, stop and audit this process owns)."""
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
@@ -105,16 +148,23 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     )
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-    skills = install_skills(settings, stores.skills, stores.containers)
+    skills = install_skills(settings, stores.skills, stores.containers, runtime)
     spec = partial(default_spec, settings)
-    egress = install_egress(settings, stores.egress, stores.containers, runtime, spec)
+    egress = install_egress(
+        settings,
+        stores.egress,
+        stores.containers,
+        runtime,
+        spec,
+        flush_audit=network.ingest if network is not None else None,
+    )
     # Attachment order is the order of every step: the files' index and the idempotency key
-    # first, then skills' mounts, then egress's namespace and proxy policy.
+    # first, then skills' mounts, then egress's policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
     metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
     containers.attach(metering)
-    containers.attach(skills.mounts)
+    containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     containers.attach(snapshots)  # (its housekeeping: expiry)
     responses = ResponsesService(
@@ -137,4 +187,5 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         skills,
         egress,
         responses,
+        network,
     )

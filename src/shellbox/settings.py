@@ -264,6 +264,20 @@ class SkillSettings(_Section):
     max_per_container: int = Field(20, ge=1, description="skills mounted in one container")
 
 
+class ClusterSettings(_Section):
+    node_url: str | None = Field(
+        None,
+        description="run this server's sandboxes on the `shellbox node` at this URL instead of "
+        "this machine (one node; placement over many is the api role's)",
+    )
+    key_file: Path | None = Field(
+        None, description="the cluster key nodes and API servers share (a 0600 file)"
+    )
+    node_connect_timeout_s: float = Field(
+        3.0, gt=0, description="how long reaching a node may take before it is unavailable"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHELLBOX_", env_nested_delimiter="__", extra="forbid"
@@ -280,6 +294,7 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     skills: SkillSettings = Field(default_factory=SkillSettings)
     metering: MeteringSettings = Field(default_factory=MeteringSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"

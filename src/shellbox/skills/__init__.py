@@ -6,6 +6,7 @@ the root attaches its ``mounts`` (a ``ContainerFeature``) to container creation.
 
 from __future__ import annotations
 
+from shellbox.sandbox import Runtime
 from shellbox.settings import Settings
 from shellbox.skills.service import SkillService
 from shellbox.store import ContainerStore, SkillStore
@@ -13,6 +14,8 @@ from shellbox.store import ContainerStore, SkillStore
 __all__ = ["SkillService", "install"]
 
 
-def install(settings: Settings, store: SkillStore, container_rows: ContainerStore) -> SkillService:
+def install(
+    settings: Settings, store: SkillStore, container_rows: ContainerStore, runtime: Runtime
+) -> SkillService:
     """The skills feature (the caller attaches ``mounts`` to container creation)."""
-    return SkillService(settings, store, container_rows)
+    return SkillService(settings, store, container_rows, runtime)

@@ -22,6 +22,7 @@ import anyio
 from shellbox.errors import InvalidRequest, SkillNotFound
 from shellbox.ids import new_id
 from shellbox.principal import Principal
+from shellbox.sandbox import Runtime
 from shellbox.settings import Settings
 from shellbox.skills.bundle import BundleUpload, Caps, Manifest, stage
 from shellbox.skills.models import SkillRecord, SkillVersionRecord, VersionRef, parse_version
@@ -34,25 +35,30 @@ from shellbox.store.skills import NewVersion
 
 class SkillService:
     def __init__(
-        self, settings: Settings, store: SkillStore, container_rows: ContainerStore
+        self,
+        settings: Settings,
+        store: SkillStore,
+        container_rows: ContainerStore,
+        runtime: Runtime,
     ) -> None:
         self.settings = settings
         self.store = store
         self.caps = Caps.from_settings(settings.skills)
         self.paths = SkillPaths(settings.state_dir)
         self.paths.ensure()
-        self.mounts = SkillMounts(
+        self.in_containers = SkillMounts(
             paths=self.paths,
             skills=store,
             container_rows=container_rows,
             caps=self.caps,
             max_per_container=settings.skills.max_per_container,
             resolve=self.resolve,
+            runtime=runtime,
         )
 
     async def start(self) -> None:
         """Remove what a previous run left: half-done uploads, versions nobody uses."""
-        await self.mounts.collect_all()
+        await self.in_containers.collect_all()
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -153,7 +159,7 @@ class SkillService:
 
     async def delete(self, principal: Principal, skill_id: str) -> None:
         numbers = self.store.delete(principal.project, skill_id)
-        await self.mounts.collect({(skill_id, n) for n in numbers})
+        await self.in_containers.collect({(skill_id, n) for n in numbers})
 
     async def delete_version(
         self, principal: Principal, skill_id: str, version: str
@@ -170,7 +176,7 @@ class SkillService:
                 raise InvalidRequest(msg, param="version")
 
         record = self.store.delete_version(principal.project, skill_id, ref, not_the_default)
-        await self.mounts.collect({(skill_id, record.version)})
+        await self.in_containers.collect({(skill_id, record.version)})
         return record
 
 

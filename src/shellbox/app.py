@@ -19,6 +19,7 @@ from shellbox.api.routes import (
     files,
     messages,
     organization,
+    ports,
     responses,
     skills,
     snapshots,
@@ -35,6 +36,7 @@ ROUTERS = (
     workspace.router,
     skills.router,
     egress.router,
+    ports.router,
     responses.router,
     messages.router,
 )

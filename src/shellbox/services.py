@@ -26,7 +26,9 @@ from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.metering import MeteringService
 from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
+from shellbox.service.ports import PortService
 from shellbox.service.shell import ShellLimits
+from shellbox.service.signing import Signer
 from shellbox.service.snapshots import SnapshotService
 from shellbox.settings import Settings
 from shellbox.skills import SkillService
@@ -57,6 +59,8 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    signer: Signer
+    ports: PortService
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
@@ -119,6 +123,8 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
     )
+    signer = Signer.from_file(settings.signing_key_file())
+    ports = PortService(settings.ports, containers, signer)
     return Services(
         settings,
         db,
@@ -136,4 +142,6 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         skills,
         egress,
         responses,
+        signer,
+        ports,
     )

@@ -7,13 +7,21 @@ runc (the ``oci`` fixture). A remote or Kubernetes runtime joins by adding its f
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from anyio.abc import ByteStream
 
-from shellbox.errors import FileNotFound, InvalidRequest, PathOutsideWorkspace, PayloadTooLarge
+from shellbox.errors import (
+    FileNotFound,
+    InvalidRequest,
+    PathOutsideWorkspace,
+    PayloadTooLarge,
+    PortNotListening,
+)
 from shellbox.ids import new_id
 from shellbox.patch import parse_patch
 from shellbox.sandbox import (
@@ -274,3 +282,34 @@ async def test_snapshot_fork_and_delete(rt: Runtime, box: str) -> None:
         assert await sh(rt, fork, "cat /mnt/data/state.txt") == "fork"
     finally:
         await rt.destroy(fork)
+
+
+# -- services inside --------------------------------------------------------------------------
+
+
+async def test_connect_port_reaches_the_container_loopback(rt: Runtime, box: str) -> None:
+    with pytest.raises(PortNotListening):
+        await rt.connect_port(box, 8123)
+    await sh(
+        rt,
+        box,
+        "nohup python3 -c 'import socket; s = socket.socket(); "
+        's.bind(("127.0.0.1", 8123)); s.listen(); c, _ = s.accept(); '
+        "c.sendall(c.recv(100).upper())' >/dev/null 2>&1 &",
+    )
+    stream: ByteStream | None = None
+    for _ in range(200):
+        try:
+            stream = await rt.connect_port(box, 8123)
+            break
+        except PortNotListening:
+            await asyncio.sleep(0.05)
+    assert stream is not None
+    await stream.send(b"ping")
+    assert await stream.receive() == b"PING"
+    await stream.aclose()
+
+
+async def test_memory_usage_is_what_the_container_holds(rt: Runtime, box: str) -> None:
+    used = await rt.memory_usage(box)
+    assert used is not None and 0 < used < 1 << 30

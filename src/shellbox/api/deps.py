@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Depends, Query, Request, Security
+from fastapi import Depends, Query, Request, Security, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shellbox.service.models import Principal
@@ -45,6 +45,13 @@ def peer_host(request: Request) -> str | None:
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def websocket_principal(websocket: WebSocket, services: Services) -> Principal:
+    """The caller of a WebSocket route, from its ``Authorization: Bearer`` header."""
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    peer = websocket.client.host if websocket.client else None
+    return services.keys.authenticate(token if scheme.lower() == "bearer" else None, peer)
 
 
 @dataclass(frozen=True)

@@ -213,3 +213,19 @@ class WorkspaceFile:
 
     path: str
     bytes: int
+
+
+@dataclass(frozen=True)
+class PortLink:
+    """A URL that opens a service in a container without a key, until ``expires_at``."""
+
+    url: str
+    expires_at: int  # Unix seconds
+    container_id: str
+    port: int
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PortLink:
+        return cls(
+            str(data["url"]), int(data["expires_at"]), str(data["container_id"]), int(data["port"])
+        )

@@ -64,6 +64,18 @@ def container_path(container_id: str, *rest: str) -> str:
     return "/".join(["/containers", quote(container_id, safe=""), *rest])
 
 
+def port_path(container_id: str, port: int, path: str = "/") -> str:
+    """``/containers/{id}/ports/{port}/...``: ``path`` is the service's own (its query too)."""
+    if not 1 <= port <= 65535:
+        msg = f"port must be between 1 and 65535, not {port}"
+        raise ValueError(msg)
+    return container_path(container_id, "ports", str(port)) + "/" + path.lstrip("/")
+
+
+def link_body(expires_in: int | None) -> dict[str, Any]:
+    return {} if expires_in is None else {"expires_in": expires_in}
+
+
 # -- request bodies --------------------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteStream
+
     from shellbox.patch import PatchOperation
 
 MemoryLimit = Literal["1g", "4g", "16g", "64g"]
@@ -227,6 +229,19 @@ class Runtime(Protocol):
 
     async def image_file(self, path: str) -> bytes | None:
         """The bytes of an absolute ``path`` in the sandbox image (None: no such file)."""
+        ...
+
+    async def memory_usage(self, container_id: str) -> int | None:
+        """Bytes of memory the container is charged with now (None: it runs no process)."""
+        ...
+
+    # -- services inside ----------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        """A TCP connection to ``127.0.0.1:port`` as seen inside the running container (its
+        own loopback, network access or not), as a bidirectional byte stream the caller
+        closes. ``PortNotListening`` when nothing accepts there; ``ContainerNotFound`` when
+        the container runs no process. A remote node implements it by relaying the bytes."""
         ...
 
     # -- commands -------------------------------------------------------------------------

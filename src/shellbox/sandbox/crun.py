@@ -70,6 +70,8 @@ from importlib.util import cache_from_source
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from anyio.abc import ByteStream, SocketStream
+
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
 from shellbox.errors import (
@@ -78,6 +80,7 @@ from shellbox.errors import (
     AgentUnavailable,
     ContainerNotFound,
     InvalidRequest,
+    PortNotListening,
     SandboxError,
     ShellboxError,
 )
@@ -103,6 +106,7 @@ from shellbox.sandbox.base import (
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
 from shellbox.sandbox.host_files import HostFiles
+from shellbox.sandbox.netns_dial import Netns, NetnsDialer, open_netns
 from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
 
 log = logging.getLogger("shellbox.sandbox")
@@ -219,6 +223,8 @@ class OciRuntime:
         self.files = HostFiles(
             self.data_dir, lambda cid: self.host_uid(cid, oci.SANDBOX_UID), self.run
         )
+        self._dialer = NetnsDialer()
+        self._netns: dict[str, Netns] = {}  # by container id: its agent's, held open
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -599,6 +605,7 @@ class OciRuntime:
 
     async def _remove_oci(self, container_id: str) -> None:
         """Kill every process and remove the OCI container and its cgroups; keep the disk."""
+        self._forget_netns(container_id)
         if await self.state(container_id) != "absent":
             if self.binary == "runc":  # runc's delete -f is slow; kill + delete is not
                 await self._oci("kill", container_id, "KILL", check=False)
@@ -708,6 +715,42 @@ class OciRuntime:
     async def memory_usage(self, container_id: str) -> int | None:
         """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""
         return self.cgroups.memory_usage(container_id)
+
+    # -- services inside ----------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        """A socket made in the container's network namespace (``netns_dial.py`` says how
+        and why), connected to its loopback."""
+        netns = await self._container_netns(container_id)
+        try:
+            sock = await self._dialer.connect(netns, port)
+        except ConnectionRefusedError:
+            msg = f"nothing listens on 127.0.0.1:{port} in container {container_id}"
+            raise PortNotListening(msg, param="port") from None
+        return await SocketStream.from_socket(sock)
+
+    async def _container_netns(self, container_id: str) -> Netns:
+        held = self._netns.get(container_id)
+        if held is not None and held.alive():
+            return held
+        self._forget_netns(container_id)
+        pid = await self.agent_pid(container_id)
+        netns = open_netns(pid, container_id) if pid is not None else None
+        if netns is None:
+            msg = f"container {container_id} is not running"
+            raise ContainerNotFound(msg, param="container_id")
+        raced = self._netns.get(container_id)
+        if raced is not None and raced.alive():  # another connection opened it meanwhile
+            netns.close()
+            return raced
+        self._forget_netns(container_id)
+        self._netns[container_id] = netns
+        return netns
+
+    def _forget_netns(self, container_id: str) -> None:
+        held = self._netns.pop(container_id, None)
+        if held is not None:
+            held.close()
 
     async def responsive(self, container_id: str) -> bool:
         try:

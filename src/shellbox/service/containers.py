@@ -11,11 +11,12 @@ from a snapshot (``snapshot_id``): its disk is then a copy-on-write copy of the 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 from shellbox.errors import (
@@ -125,6 +126,26 @@ class ContainerService:
             order="asc" if order == "asc" else "desc",
         )
         return [self._fresh(r) for r in found], has_more
+
+    def list_all(self, limit: int) -> builtins.list[ContainerRecord]:
+        """Every project's containers that are not deleted, newest first (the console's
+        admin view)."""
+        found = [r for r in self.store.all() if r.status != "deleted"]
+        found.sort(key=lambda r: r.created_at, reverse=True)
+        return [self._fresh(r) for r in found[:limit]]
+
+    def find(self, cid: str) -> ContainerRecord:
+        """A container of any project, by id (the console's admin view)."""
+        for record in self.store.by_ids([cid]):
+            return self._fresh(record)
+        msg = f"No container found with id '{cid}'."
+        raise ContainerNotFound(msg, param="container_id")
+
+    async def memory_usage(self, records: Sequence[ContainerRecord]) -> dict[str, int | None]:
+        """Bytes of memory each running container holds now (None: not running)."""
+        running = [r.id for r in records if r.status == "running"]
+        used = await asyncio.gather(*(self.runtime.memory_usage(cid) for cid in running))
+        return dict(zip(running, used, strict=True))
 
     # -- create / delete --------------------------------------------------------------------
 

@@ -58,6 +58,10 @@ class Signer:
         payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
         return f"{payload}.{_b64(self._mac(purpose, payload))}"
 
+    def derive(self, purpose: str, data: str) -> str:
+        """A MAC of ``data`` for ``purpose`` (hex), e.g. a CSRF token bound to a session."""
+        return self._mac(f"derive:{purpose}", data).hex()
+
     def verify(self, purpose: str, token: str, *, what: str = "link") -> dict[str, str | int]:
         """The token's claims; ``LinkRefused`` naming ``what`` when it was altered, made for
         another purpose, or has expired."""

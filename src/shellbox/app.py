@@ -19,6 +19,7 @@ from shellbox.api.routes import (
     files,
     messages,
     organization,
+    pty,
     responses,
     skills,
     snapshots,
@@ -29,6 +30,7 @@ from shellbox.settings import Settings
 
 ROUTERS = (
     containers.router,
+    pty.router,
     snapshots.router,
     organization.router,
     files.router,

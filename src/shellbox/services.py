@@ -26,6 +26,7 @@ from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.metering import MeteringService
 from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
+from shellbox.service.pty import PtyService
 from shellbox.service.shell import ShellLimits
 from shellbox.service.snapshots import SnapshotService
 from shellbox.settings import Settings
@@ -57,6 +58,7 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    pty: PtyService
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
@@ -116,6 +118,8 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     containers.attach(metering)
     containers.attach(skills.mounts)
     containers.attach(egress, pool=("allowlist", egress.warm))
+    pty = PtyService(containers, settings.limits.max_ptys_per_container)
+    containers.attach(pty)
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
     )
@@ -136,4 +140,5 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         skills,
         egress,
         responses,
+        pty,
     )

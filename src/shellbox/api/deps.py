@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Depends, Query, Request, Security
+from fastapi import Depends, Query, Request, Security, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shellbox.service.models import Principal
@@ -39,9 +39,20 @@ async def get_principal(
     )
 
 
-def peer_host(request: Request) -> str | None:
+def peer_host(request: Request | WebSocket) -> str | None:
     """The address the request came from (None when the server cannot tell)."""
     return request.client.host if request.client else None
+
+
+async def websocket_principal(websocket: WebSocket) -> Principal:
+    """The caller of a WebSocket route, before it is accepted: the Bearer key of its
+    ``Authorization`` header, as every route takes it. The one place a WebSocket's credential
+    is read, so that another kind (a browser's short-lived token) joins here. Raises
+    ``AuthenticationFailed``; the route answers it as an HTTP error before the upgrade."""
+    services: Services = websocket.app.state.services
+    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
+    credential = token if scheme.lower() == "bearer" else None
+    return services.keys.authenticate(credential, peer_host(websocket))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

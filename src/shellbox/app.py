@@ -21,6 +21,7 @@ from shellbox.api.routes import (
     messages,
     organization,
     ports,
+    pty,
     responses,
     skills,
     snapshots,
@@ -31,6 +32,7 @@ from shellbox.settings import Settings
 
 ROUTERS = (
     containers.router,
+    pty.router,
     snapshots.router,
     organization.router,
     files.router,

@@ -27,6 +27,7 @@ from shellbox.service.metering import MeteringService
 from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
 from shellbox.service.ports import PortService
+from shellbox.service.pty import PtyService
 from shellbox.service.shell import ShellLimits
 from shellbox.service.signing import Signer
 from shellbox.service.snapshots import SnapshotService
@@ -61,6 +62,7 @@ class Services:
     responses: ResponsesService
     signer: Signer
     ports: PortService
+    pty: PtyService
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
@@ -120,6 +122,8 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     containers.attach(metering)
     containers.attach(skills.mounts)
     containers.attach(egress, pool=("allowlist", egress.warm))
+    pty = PtyService(containers, settings.limits.max_ptys_per_container)
+    containers.attach(pty)
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
     )
@@ -144,4 +148,5 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         responses,
         signer,
         ports,
+        pty,
     )

@@ -95,6 +95,16 @@ class LimitSettings(_Section):
         description="how long a request waits for room in body_budget_bytes before it is "
         "answered 429 server_busy",
     )
+    # The agent's own cap (agent/protocol.py MAX_PTYS, 32) bounds this.
+    max_ptys_per_container: int = Field(
+        8, ge=1, le=32, description="terminals (GET .../pty) open at once per container"
+    )
+    ws_max_message_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="largest WebSocket message the server takes (a terminal's paste), in "
+        "bytes; a larger one closes the socket with 1009",
+    )
 
 
 class LifecycleSettings(_Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 
@@ -32,6 +33,7 @@ from shellbox.sandbox import (
     FileInfo,
     OciRuntime,
     OutputDelta,
+    PtyRequest,
     Runtime,
 )
 
@@ -132,6 +134,31 @@ async def test_exec_streams_events_and_run_collects_results(rt: Runtime, box: st
     assert isinstance(events[-1], CommandFinished) and events[-1].result.outcome.exit_code == 0
     results = await rt.run(box, ExecRequest(["exit 4", "echo two"], 10_000, 100))
     assert [r.outcome.exit_code for r in results] == [4, 0]
+
+
+async def test_pty_is_a_terminal_that_ends_with_its_shell(rt: Runtime, box: str) -> None:
+    term = await rt.pty(box, PtyRequest(cols=91, rows=17))
+    output = term.output()
+    seen = b""
+
+    async def until(pattern: bytes) -> bytes:
+        nonlocal seen
+        while not re.search(pattern, seen):
+            seen += await asyncio.wait_for(anext(output), 10)
+        found, seen = seen, b""
+        return found
+
+    try:
+        await term.write(b"tty; stty size; id -u; pwd; echo =done\n")
+        first = await until(rb"\n=done")
+        await term.resize(100, 30)
+        await term.write(b"stty size; exit 3\n")
+        rest = b"".join([chunk async for chunk in output])
+    finally:
+        await term.close()
+    assert re.search(rb"/dev/pts/\d+\r\n17 91\r\n1000\r\n/mnt/data\r\n", first), first
+    assert re.search(rb"[\r\n]30 100\r\n", rest), rest
+    assert term.exit_code == 3
 
 
 # -- files ----------------------------------------------------------------------------------

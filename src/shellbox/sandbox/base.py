@@ -114,6 +114,45 @@ ExecEvent = CommandStarted | OutputDelta | CommandFinished
 
 
 @dataclass(frozen=True)
+class PtyRequest:
+    """A terminal: the sandbox user's interactive ``bash`` in ``/mnt/data`` (or ``bash -c
+    command``) on a pseudo-terminal of ``cols`` x ``rows``."""
+
+    cols: int
+    rows: int
+    command: str | None = None
+    env: Mapping[str, str] | None = None  # added to the sandbox's clean environment
+    cwd: str | None = None
+
+
+class PtySession(Protocol):
+    """An open terminal in a sandbox: bytes both ways, a size, and an end.
+
+    Back-pressure holds end to end: the sandbox produces output only as fast as ``output`` is
+    read, and ``write`` waits while the terminal has not taken earlier keystrokes."""
+
+    @property
+    def exit_code(self) -> int | None:
+        """The shell's exit status (128+N for signal N) once ``output`` has ended with it;
+        None while it runs, or when the terminal ended otherwise (its container paused,
+        stopped or removed, ``close``)."""
+        ...
+
+    def output(self) -> AsyncIterator[bytes]:
+        """The terminal's bytes as they come, until it ends. Iterate it once."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Keystrokes (or pasted bytes) for the terminal."""
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """A new size; the terminal's foreground programs get SIGWINCH."""
+
+    async def close(self) -> None:
+        """End the terminal: every process it started is killed. Idempotent."""
+
+
+@dataclass(frozen=True)
 class SnapshotTaken:
     """What taking a snapshot cost and holds."""
 
@@ -252,6 +291,12 @@ class Runtime(Protocol):
 
     async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
         """Run commands and return one result per command."""
+        ...
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        """Open a terminal in the running container (as its commands run: the sandbox user,
+        the container's limits, killed with it). ``InvalidRequest`` for a size or command the
+        agent refuses, ``ContainerBusy`` when it has as many terminals as it takes."""
         ...
 
     # -- files under /mnt/data (``rel``: relative to it, normalised) ------------------------

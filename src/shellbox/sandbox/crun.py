@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from anyio.abc import ByteStream, SocketStream
 
 from shellbox.agent import client as agent_client
-from shellbox.agent import protocol
+from shellbox.agent import protocol, pty_client
 from shellbox.errors import (
     AgentNotReachable,
     AgentOutdated,
@@ -97,6 +97,8 @@ from shellbox.sandbox.base import (
     Mount,
     Outcome,
     PatchResult,
+    PtyRequest,
+    PtySession,
     RecoveryAction,
     Runtime,
     RuntimeInfo,
@@ -872,6 +874,23 @@ class OciRuntime:
         log.warning("sandbox %s: its agent does not listen; running through exec", container_id)
         for index, result in enumerate(await self._exec_fallback(container_id, request)):
             yield CommandFinished(index, result)
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        sock = self.socket_path(container_id)
+        env = self.container_env(container_id)
+        try:
+            return await pty_client.open_pty(sock, request, base_env=env)
+        except AgentNotReachable:
+            running = await self.state(container_id) == "running"
+            if running and not await self._dying(container_id):
+                raise
+            if not running and not (self.container_dir(container_id) / "spec.json").exists():
+                msg = f"no such container: {container_id}"
+                raise ContainerNotFound(msg) from None
+        # Down under the server (as ``exec`` says): start it again from its disk.
+        log.warning("sandbox %s was down; starting it again", container_id)
+        await self.start(container_id)
+        return await pty_client.open_pty(sock, request, base_env=env)
 
     async def _dying(self, container_id: str) -> bool:
         """Whether the container's PID 1 is exiting. The OCI runtime reports a container

@@ -151,7 +151,7 @@ async def port_websocket(websocket: WebSocket, container_id: str, port: int, pat
     try:
         for name, value in websocket.path_params.items():
             check_value(value, name)
-        principal = websocket_principal(websocket, services)
+        principal = await websocket_principal(websocket)
         prefix = KEY_PREFIX.format(container_id=container_id, port=port)
         await _relay(websocket, services, principal, container_id, port, prefix, 5)
     except ShellboxError as exc:

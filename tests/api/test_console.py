@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,3 +215,46 @@ def test_revoking_the_key_ends_its_sessions(browser: Browser, server: Any) -> No
     page.goto(f"{server.root_url}/console")
     expect(page).to_have_url(f"{server.root_url}/console/login")
     context.close()
+
+
+def console_login(c: httpx.Client, root: str, key: str) -> None:
+    r = c.post("/console/login", data={"key": key}, headers={"origin": root})
+    assert r.status_code == 303, r.text
+
+
+def test_the_terminal_token_opens_the_pty_of_its_container_only(
+    server: Any, api_key: str, cid: str, client: Any
+) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect as ws_connect
+
+    root = server.root_url
+    other = client.containers.create(name="other")
+    try:
+        with httpx.Client(base_url=root) as c:
+            console_login(c, root, api_key)
+            page = c.get(f"/console/containers/{cid}").text
+            csrf = re.search(r'data-csrf="([0-9a-f]+)"', page)
+            assert csrf is not None
+            r = c.post(
+                f"/console/containers/{cid}/pty-token",
+                headers={"origin": root, "x-csrf-token": csrf.group(1)},
+            )
+            assert r.status_code == 200, r.text
+            token = r.json()["token"]
+        ws_root = root.replace("http://", "ws://")
+        with ws_connect(f"{ws_root}/v1/containers/{cid}/pty?token={token}") as ws:
+            ws.send(b"echo from-$((6*7))\n")
+            seen = b""
+            while b"from-42" not in seen:
+                message = ws.recv(timeout=20)
+                seen += message if isinstance(message, bytes) else b""
+        for url in (
+            f"{ws_root}/v1/containers/{other.id}/pty?token={token}",  # another container
+            f"{ws_root}/v1/containers/{cid}/pty?token={token[:-3]}xyz",  # altered
+        ):
+            with pytest.raises(InvalidStatus) as refused:
+                ws_connect(url)
+            assert refused.value.response.status_code == 401
+    finally:
+        client.containers.delete(other.id)

@@ -120,7 +120,10 @@ async def port_root(request: Request) -> Response:
     return RedirectResponse(str(url), status_code=307)
 
 
-@router.api_route(KEY_PREFIX + "/{path:path}", methods=METHODS, dependencies=CHECKED)
+# The services' own answers (any status, any body) are not this API's to document.
+@router.api_route(
+    KEY_PREFIX + "/{path:path}", methods=METHODS, dependencies=CHECKED, include_in_schema=False
+)
 async def port_request(
     container_id: str,
     port: int,
@@ -135,7 +138,9 @@ async def port_request(
     return await _forward(request, services, principal, container_id, port, prefix, 5, False)
 
 
-@router.api_route(LINK_PREFIX + "/{path:path}", methods=METHODS, dependencies=CHECKED)
+@router.api_route(
+    LINK_PREFIX + "/{path:path}", methods=METHODS, dependencies=CHECKED, include_in_schema=False
+)
 async def port_link_request(
     token: str, path: str, request: Request, services: ServicesDep
 ) -> Response:

@@ -260,3 +260,16 @@ def test_the_client_makes_port_urls_and_links(
         assert httpx.get(link.url + "hello.txt").text == "hello from the sandbox\n"
         with pytest.raises(ValueError, match="port must be between"):
             sb.port_url(cid, 0)
+
+
+def test_cookies_and_redirects_stay_under_the_services_prefix(
+    http: httpx.Client, echo: str
+) -> None:
+    """The server's origin is shared by every container's services and the console: a
+    service's cookie is kept to its own path, and its redirects to its own absolute paths
+    stay under its prefix."""
+    prefix = f"/v1/containers/{echo}/ports/8001"
+    r = http.get(f"{prefix}/redirect")
+    assert r.status_code == 302
+    assert r.headers["location"] == f"{prefix}/target?x=1"
+    assert r.headers["set-cookie"] == f"sid=abc; HttpOnly; Path={prefix}/"

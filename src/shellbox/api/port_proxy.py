@@ -130,6 +130,31 @@ class _Upstream:
             self.conn.receive_data(data)
 
 
+def answer_headers(
+    headers: Iterable[tuple[bytes, bytes]], prefix: str
+) -> list[tuple[bytes, bytes]]:
+    """The service's answer headers for the client. The server's origin is shared by every
+    container's services and the console, so a cookie the service sets is kept to the
+    service's own path prefix (its ``Path`` and ``Domain`` replaced), and a redirect to one
+    of the service's absolute paths (``Location: /login``) stays under the prefix."""
+    out = []
+    root = prefix.encode()
+    for name, value in headers:
+        if name in HOP_BY_HOP:
+            continue
+        if name == b"set-cookie":
+            kept = [
+                part
+                for part in value.split(b";")
+                if not part.strip().lower().startswith((b"path=", b"domain="))
+            ]
+            value = b";".join(kept) + b"; Path=" + root + b"/"
+        elif name == b"location" and value.startswith(b"/") and not value.startswith(b"//"):
+            value = root + value
+        out.append((name, value))
+    return out
+
+
 class ProxiedResponse(Response):
     """The service's answer, streamed; closes the connection (and ends the container's
     activity) when done, whether the client read it all or went away."""
@@ -139,14 +164,13 @@ class ProxiedResponse(Response):
         head: h11.Response,
         upstream: _Upstream,
         cleanup: AsyncExitStack,
-        extra_headers: Iterable[tuple[bytes, bytes]],
+        headers: list[tuple[bytes, bytes]],
     ) -> None:
         self.status_code = head.status_code
         self.upstream = upstream
         self.cleanup = cleanup
         self.background = None
-        headers = [(k, v) for k, v in head.headers if k not in HOP_BY_HOP]
-        self.raw_headers = [*headers, *extra_headers]
+        self.raw_headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with self.cleanup:
@@ -212,7 +236,8 @@ async def forward_http(
         raise _broken(port, f"could not be sent the request: {exc}") from None
     except TimeoutError:
         raise _broken(port, f"did not answer within {head_timeout_s:g} s") from None
-    return ProxiedResponse(event, upstream, cleanup, extra_headers)
+    headers = [*answer_headers(event.headers, prefix), *extra_headers]
+    return ProxiedResponse(event, upstream, cleanup, headers)
 
 
 # -- WebSocket --------------------------------------------------------------------------------

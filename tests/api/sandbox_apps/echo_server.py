@@ -72,6 +72,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.stream()
         if self.path.startswith("/release"):
             released.set()
+        if self.path.startswith("/redirect"):
+            self.send_response(302)
+            self.send_header("Location", "/target?x=1")
+            self.send_header("Set-Cookie", "sid=abc; Path=/; Domain=example.com; HttpOnly")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.describe(b"")
 
     def do_POST(self):

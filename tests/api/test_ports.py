@@ -21,7 +21,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from shellbox.client import Shellbox
+from shellbox.client import AsyncShellbox, Shellbox
 
 ECHO_APP = (Path(__file__).parent / "sandbox_apps" / "echo_server.py").read_bytes()
 
@@ -260,6 +260,20 @@ def test_the_client_makes_port_urls_and_links(
         assert httpx.get(link.url + "hello.txt").text == "hello from the sandbox\n"
         with pytest.raises(ValueError, match="port must be between"):
             sb.port_url(cid, 0)
+
+
+async def test_the_async_client_makes_links_too(
+    server: Any, api_key: str, http: httpx.Client, cid: str
+) -> None:
+    start_http_server(http, cid)
+    async with AsyncShellbox(base_url=server.base_url, api_key=api_key) as sb:
+        assert (
+            sb.port_url(cid, 8000, "/a?b=1")
+            == f"{server.base_url}/containers/{cid}/ports/8000/a?b=1"
+        )
+        link = await sb.ports.create_link(cid, 8000)
+        async with httpx.AsyncClient() as h:
+            assert (await h.get(link.url + "hello.txt")).text == "hello from the sandbox\n"
 
 
 def test_cookies_and_redirects_stay_under_the_services_prefix(

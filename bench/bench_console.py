@@ -58,7 +58,7 @@ def measure(server: Server, cid: str, runs: int) -> dict[str, list[float]]:
             for i in range(runs + 3):
                 page.goto(url)
                 page.wait_for_function(
-                    "performance.getEntriesByName('first-contentful-paint').length > 0"
+                    "() => performance.getEntriesByName('first-contentful-paint').length > 0"
                 )
                 fcp, response_end = page.evaluate(TIMINGS)
                 if i >= 3:  # warm-up: the browser's caches, the server's first requests

@@ -9,7 +9,9 @@ serve`` subprocess (network disabled, the default). The same ``GET /`` is timed:
 * **key route**: ``/v1/containers/{id}/ports/8000/`` with the key, on a keep-alive connection
   to the server (as an HTTP client keeps one);
 * **link route**: ``/v1/port-links/{token}/`` (no key: the signature is checked instead);
-* **healthz**: the server's own cheapest route, for scale: the floor of any request to it.
+* **healthz**: the server's own cheapest route, for scale: the floor of any request to it;
+* **container_get**: ``GET /v1/containers/{id}``, the key checked and the container read:
+  what any authenticated route of one container costs before it does its own work.
 
 Overhead = median(route) - median(direct); goal <= 1 ms. The service answers with
 ``Connection: close`` on every request, both ways, so each request also opens a connection to
@@ -120,6 +122,9 @@ async def measure(server: Server, cid: str, link_path: str, runs: int) -> dict[s
                 "key_route": await routed(server, key_target, key, rounds),
                 "link_route": await routed(server, link_path, [], rounds),
                 "healthz": await routed(server, "/healthz", [], rounds, b'"ok"'),
+                "container_get": await routed(
+                    server, f"/v1/containers/{cid}", key, rounds, cid.encode()
+                ),
             }
     finally:
         dialer.close()

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(crun runc postgresql btrfs-progs mmdebstrap nftables iproute2 util-linux procps golang-github-containers-common ca-certificates
-  podman)  # podman: scripts/image.sh loads the deployment image into it; tests/deploy/ runs it
+  podman   # scripts/image.sh loads the deployment image into it; tests/deploy/ runs it
+  chromium)  # the console tests drive it headless (tests/api/test_console.py)
 missing=()
 for pkg in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -12,6 +12,7 @@ from shellbox import __version__, memory
 from shellbox.agent.protocol import MAX_REQUEST_BYTES
 from shellbox.api import errors, openapi
 from shellbox.api.body_budget import BodyBudget, BodyBudgetMiddleware
+from shellbox.api.console import routes as console
 from shellbox.api.middleware import RequestContextMiddleware
 from shellbox.api.routes import (
     containers,
@@ -19,6 +20,8 @@ from shellbox.api.routes import (
     files,
     messages,
     organization,
+    ports,
+    pty,
     responses,
     skills,
     snapshots,
@@ -29,12 +32,14 @@ from shellbox.settings import Settings
 
 ROUTERS = (
     containers.router,
+    pty.router,
     snapshots.router,
     organization.router,
     files.router,
     workspace.router,
     skills.router,
     egress.router,
+    ports.router,
     responses.router,
     messages.router,
 )
@@ -72,6 +77,8 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
     )
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(console.router)
+    app.mount("/console/static", console.static, name="console-static")
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> JSONResponse:

@@ -233,6 +233,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.server.port,
         log_level="warning",
         access_log=False,
+        # Every WebSocket message is held whole: bound it (uvicorn's default is 16 MiB).
+        ws_max_size=settings.limits.ws_max_message_bytes,
     )
     return 0
 

@@ -10,6 +10,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     │   ├── PathOutsideWorkspace: a symbolic link on the path leads out of /mnt/data
     │   └── IdempotencyKeyReused: the key came with another request
     ├── AuthenticationFailed (401)
+    │   └── LinkRefused: a port link or browser token altered, expired, or for another scope
     ├── PermissionDenied (403: an admin endpoint, a project key)
     ├── NotFound (404)
     │   ├── ContainerNotFound, FileNotFound, SkillNotFound, ResponseNotFound, SnapshotNotFound
@@ -23,6 +24,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── SnapshotsUnavailable (501): the server's storage has no copy-on-write snapshots
     ├── UpstreamError (502)
+    │   └── PortNotListening: nothing answers on 127.0.0.1:PORT in the container
     ├── NodeUnavailable (503, retried): the node that holds the container cannot be reached
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
@@ -62,6 +64,9 @@ class ErrorCode(StrEnum):
     server_busy = "server_busy"
     upstream_error = "upstream_error"
     node_unavailable = "node_unavailable"
+    port_not_listening = "port_not_listening"
+    invalid_link = "invalid_link"
+    link_expired = "link_expired"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
     agent_unavailable = "agent_unavailable"
@@ -119,6 +124,14 @@ class AuthenticationFailed(ShellboxError):
     status = 401
     type = "authentication_error"
     code = ErrorCode.invalid_api_key
+
+
+class LinkRefused(AuthenticationFailed):
+    """A signed link or browser token that does not verify (``invalid_link``) or has expired
+    (``link_expired``): never says more about what was wrong with the signature."""
+
+    code = ErrorCode.invalid_link
+    retryable = False
 
 
 class PermissionDenied(ShellboxError):
@@ -240,6 +253,13 @@ class NodeUnavailable(ShellboxError):
     type = "server_error"
     code = ErrorCode.node_unavailable
     retryable = True
+
+
+class PortNotListening(UpstreamError):
+    """The port route found no service on 127.0.0.1:PORT inside the container, or the
+    service broke the HTTP or WebSocket exchange."""
+
+    code = ErrorCode.port_not_listening
 
 
 class SandboxError(ShellboxError):

@@ -75,6 +75,11 @@ class ContainerFeature(Protocol):
         when it had been stopped)."""
         return
 
+    async def stopping(self, record: ContainerRecord, status: str) -> None:
+        """The container's processes are about to be frozen or ended, as it goes ``status``
+        (sleeping, paused, expired, deleted): end what cannot outlive them (open terminals)."""
+        return
+
     async def release(self, record: ContainerRecord) -> None:
         """The container ended, or its creation failed half-way: undo what it held."""
         return

@@ -29,7 +29,10 @@ from shellbox.service.keys import KeyService, is_loopback
 from shellbox.service.metering import MeteringService
 from shellbox.service.metrics import Metrics
 from shellbox.service.patching import PatchService
+from shellbox.service.ports import PortService
+from shellbox.service.pty import PtyService
 from shellbox.service.shell import ShellLimits
+from shellbox.service.signing import Signer
 from shellbox.service.snapshots import SnapshotService
 from shellbox.settings import Settings
 from shellbox.skills import SkillService
@@ -60,6 +63,9 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    signer: Signer
+    ports: PortService
+    pty: PtyService
     # The egress namespaces and proxy of the runtime built here (None: a runtime given from
     # outside, e.g. a node's, which has its own).
     network: EgressNetwork | None = None
@@ -167,9 +173,13 @@ def _compose(
     containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     containers.attach(snapshots)  # (its housekeeping: expiry)
+    pty = PtyService(containers, settings.limits.max_ptys_per_container)
+    containers.attach(pty)
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
     )
+    signer = Signer.from_file(settings.signing_key_file())
+    ports = PortService(settings.ports, containers, signer)
     return Services(
         settings,
         db,
@@ -187,5 +197,8 @@ def _compose(
         skills,
         egress,
         responses,
+        signer,
+        ports,
+        pty,
         network,
     )

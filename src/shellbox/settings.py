@@ -104,6 +104,16 @@ class LimitSettings(_Section):
         description="how long a request waits for room in body_budget_bytes before it is "
         "answered 429 server_busy",
     )
+    # The agent's own cap (agent/protocol.py MAX_PTYS, 32) bounds this.
+    max_ptys_per_container: int = Field(
+        8, ge=1, le=32, description="terminals (GET .../pty) open at once per container"
+    )
+    ws_max_message_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="largest WebSocket message the server takes (a terminal's paste), in "
+        "bytes; a larger one closes the socket with 1009",
+    )
 
 
 class LifecycleSettings(_Section):
@@ -278,6 +288,41 @@ class ClusterSettings(_Section):
     )
 
 
+class PortSettings(_Section):
+    """Services inside containers, reached through ``/v1/containers/{id}/ports/{port}/``."""
+
+    link_default_s: int = Field(3600, ge=1, description="life of a port link, in seconds")
+    link_max_s: int = Field(
+        7 * 24 * 3600, ge=1, description="longest life a port link may ask for, in seconds"
+    )
+    browser_token_s: int = Field(
+        60, ge=1, description="life of a browser's query-string token (PTY), in seconds"
+    )
+    head_timeout_s: float = Field(
+        300, gt=0, description="how long a service may take to start its answer, in seconds"
+    )
+    max_ws_message_bytes: int = Field(
+        16 << 20, ge=1024, description="largest WebSocket message relayed, in bytes"
+    )
+    sandbox_links: bool = Field(
+        True,
+        description="answer pages opened through a link with 'Content-Security-Policy: "
+        "sandbox' so their scripts run in an opaque origin and cannot act on the console "
+        "session of the same server; turn off only for services that need their own origin",
+    )
+    signing_key_file: Path | None = Field(
+        None,
+        description="HMAC key of links, browser tokens and console sessions (0600, made "
+        "when missing); default: <state_dir>/private/signing.key",
+    )
+
+
+class ConsoleSettings(_Section):
+    session_s: int = Field(
+        8 * 3600, ge=60, description="life of an operator console session, in seconds"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHELLBOX_", env_nested_delimiter="__", extra="forbid"
@@ -295,6 +340,8 @@ class Settings(BaseSettings):
     skills: SkillSettings = Field(default_factory=SkillSettings)
     metering: MeteringSettings = Field(default_factory=MeteringSettings)
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    ports: PortSettings = Field(default_factory=PortSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"
@@ -309,6 +356,9 @@ class Settings(BaseSettings):
 
     def secrets_key_file(self) -> Path:
         return self.egress.secrets_key_file or self.private_dir() / "secrets.key"
+
+    def signing_key_file(self) -> Path:
+        return self.ports.signing_key_file or self.private_dir() / "signing.key"
 
     def database_url(self) -> str:
         if self.store.database_url is not None:

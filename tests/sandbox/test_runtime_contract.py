@@ -9,13 +9,22 @@ A Kubernetes runtime joins by adding its fixture.
 
 from __future__ import annotations
 
+import asyncio
 import io
+import re
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from anyio.abc import ByteStream
 
-from shellbox.errors import FileNotFound, InvalidRequest, PathOutsideWorkspace, PayloadTooLarge
+from shellbox.errors import (
+    FileNotFound,
+    InvalidRequest,
+    PathOutsideWorkspace,
+    PayloadTooLarge,
+    PortNotListening,
+)
 from shellbox.ids import new_id
 from shellbox.patch import parse_patch
 from shellbox.sandbox import (
@@ -26,6 +35,7 @@ from shellbox.sandbox import (
     FileInfo,
     OciRuntime,
     OutputDelta,
+    PtyRequest,
     Runtime,
     SkillMount,
 )
@@ -144,6 +154,31 @@ async def test_exec_streams_events_and_run_collects_results(rt: Runtime, box: st
     assert isinstance(events[-1], CommandFinished) and events[-1].result.outcome.exit_code == 0
     results = await rt.run(box, ExecRequest(["exit 4", "echo two"], 10_000, 100))
     assert [r.outcome.exit_code for r in results] == [4, 0]
+
+
+async def test_pty_is_a_terminal_that_ends_with_its_shell(rt: Runtime, box: str) -> None:
+    term = await rt.pty(box, PtyRequest(cols=91, rows=17))
+    output = term.output()
+    seen = b""
+
+    async def until(pattern: bytes) -> bytes:
+        nonlocal seen
+        while not re.search(pattern, seen):
+            seen += await asyncio.wait_for(anext(output), 10)
+        found, seen = seen, b""
+        return found
+
+    try:
+        await term.write(b"tty; stty size; id -u; pwd; echo =done\n")
+        first = await until(rb"\n=done")
+        await term.resize(100, 30)
+        await term.write(b"stty size; exit 3\n")
+        rest = b"".join([chunk async for chunk in output])
+    finally:
+        await term.close()
+    assert re.search(rb"/dev/pts/\d+\r\n17 91\r\n1000\r\n/mnt/data\r\n", first), first
+    assert re.search(rb"[\r\n]30 100\r\n", rest), rest
+    assert term.exit_code == 3
 
 
 # -- files ----------------------------------------------------------------------------------
@@ -360,3 +395,34 @@ async def test_a_skill_archive_may_not_reach_outside(rt: Runtime) -> None:
     assert key not in await rt.skill_keys()
     with pytest.raises(InvalidRequest):
         await rt.install_skill("../up", [b""])
+
+
+# -- services inside --------------------------------------------------------------------------
+
+
+async def test_connect_port_reaches_the_container_loopback(rt: Runtime, box: str) -> None:
+    with pytest.raises(PortNotListening):
+        await rt.connect_port(box, 8123)
+    await sh(
+        rt,
+        box,
+        "nohup python3 -c 'import socket; s = socket.socket(); "
+        's.bind(("127.0.0.1", 8123)); s.listen(); c, _ = s.accept(); '
+        "c.sendall(c.recv(100).upper())' >/dev/null 2>&1 &",
+    )
+    stream: ByteStream | None = None
+    for _ in range(200):
+        try:
+            stream = await rt.connect_port(box, 8123)
+            break
+        except PortNotListening:
+            await asyncio.sleep(0.05)
+    assert stream is not None
+    await stream.send(b"ping")
+    assert await stream.receive() == b"PING"
+    await stream.aclose()
+
+
+async def test_memory_usage_is_what_the_container_holds(rt: Runtime, box: str) -> None:
+    used = await rt.memory_usage(box)
+    assert used is not None and 0 < used < 1 << 30

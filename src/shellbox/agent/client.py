@@ -40,9 +40,11 @@ AGENT_CODE_TO_ERROR: dict[str, type[Exception]] = {
 }
 
 
-async def _connect(socket_path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def connect(
+    socket_path: Path, *, limit: int = STREAM_LIMIT
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     try:
-        return await asyncio.open_unix_connection(str(socket_path), limit=STREAM_LIMIT)
+        return await asyncio.open_unix_connection(str(socket_path), limit=limit)
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         msg = f"the sandbox agent is not reachable at {socket_path}: {exc.strerror}"
         raise AgentNotReachable(msg) from None
@@ -72,7 +74,7 @@ async def ping(socket_path: Path) -> dict[str, Any]:
 
     The host binds the socket before the agent starts, so right after a start this waits
     (without polling) until the agent is up and takes the request from the backlog."""
-    reader, writer = await _connect(socket_path)
+    reader, writer = await connect(socket_path)
     try:
         writer.write(b'{"op": "ping"}\n')
         await writer.drain()

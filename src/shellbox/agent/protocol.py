@@ -27,6 +27,22 @@ command of a call at a time and the socket's buffers hold the host back meanwhil
 
 Closing the connection before ``done`` abandons the request: the agent kills the running
 command (every process it started) and runs none of the remaining ones.
+
+A terminal (``pty``) starts the sandbox user's shell (or ``bash -c command``) on a
+pseudo-terminal the agent allocates, in a command cgroup of its own; after the one answer
+line the connection carries frames both ways, a kind byte and a 4-byte big-endian length
+before the payload (``PTY_FRAME_HEADER`` bytes), at most ``MAX_PTY_FRAME`` bytes each::
+
+    -> {"op": "pty", "cols": 80, "rows": 24, "command": null, "env": {...}, "cwd": "/mnt/data"}
+    <- {"type": "started", "pid": 42}
+    -> d<len><keystrokes>          -> r<4><cols:u16><rows:u16>
+    <- d<len><terminal output>     <- x<4><exit code:i32>   (then the agent closes)
+
+The agent reads the terminal only while less than ``PTY_OUTBUF_BYTES`` wait for the host, and
+the host's frames only while less than ``PTY_INBUF_BYTES`` of keystrokes wait for the
+terminal: a slow reader holds the shell back (the kernel blocks its writes), nothing is lost
+and nothing grows. Closing the connection ends the terminal: every process it started is
+killed. When the shell exits, what it left running keeps running, as a command's leftovers do.
 """
 
 from __future__ import annotations
@@ -59,6 +75,17 @@ MAX_CONCURRENT_CALLS = 8
 # The agent starts no further command of a call while this much output waits for the host.
 OUTBUF_PAUSE_BYTES = 1024 * 1024
 MAX_COMMAND_BYTES = 1024 * 1024
+# Terminals (``op: pty``); see the module docstring.
+MAX_PTYS = 32  # open at once; the server has its own, lower cap (max_ptys_per_container)
+MAX_PTY_FRAME = 64 * 1024
+PTY_FRAME_HEADER = 5
+PTY_OUTBUF_BYTES = 256 * 1024
+PTY_INBUF_BYTES = 64 * 1024
+PTY_EXIT_GRACE_S = 0.5  # after the shell exits, how long its leftovers may hold the terminal
+PTY_DATA = b"d"
+PTY_RESIZE = b"r"
+PTY_EXIT = b"x"
+MAX_PTY_SIDE = 10_000  # columns or rows
 MAX_COMMANDS = 100
 DEFAULT_TIMEOUT_MS = 120_000
 DEFAULT_MAX_OUTPUT_LENGTH = 16_384
@@ -67,6 +94,10 @@ ARGV_COMMAND_LIMIT = 100 * 1024
 PIPE_GRACE_S = 0.5  # after the shell exits, how long to wait for pipes held by its children
 TAIL_PIECES = 32  # the capture's tail queue is compacted beyond this many pieces
 OOM_NOTE = "shellbox: the command was killed because the container ran out of memory ({limit})."
+
+
+def pty_frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + len(payload).to_bytes(4, "big") + payload
 
 
 def truncation_marker(omitted: int) -> str:

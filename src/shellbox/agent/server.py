@@ -192,6 +192,8 @@ def _kill_quietly(pid: int, sig: int = _signal.SIGKILL) -> None:
 # setresuid and setresgid by architecture: the raw system calls change the calling thread's
 # ids alone (see ``ThreadIds``).
 SETRES_SYSCALLS = {"x86_64": (117, 119), "aarch64": (147, 149)}
+# setfsuid and setfsgid: the ids a new terminal's device is owned by (``Pty``).
+SETFS_SYSCALLS = {"x86_64": (122, 123), "aarch64": (151, 152)}
 
 
 class ThreadIds:
@@ -224,6 +226,7 @@ class ThreadIds:
         self._get_errno = ct.get_errno
         self._nr_uid = setresuid
         self._nr_gid = setresgid
+        self._nr_fs = SETFS_SYSCALLS.get(posix.uname().machine)
 
     @staticmethod
     def available() -> ThreadIds | None:
@@ -245,6 +248,16 @@ class ThreadIds:
         """Make ``uid``/``gid`` this thread's real ids; effective and saved ones stay."""
         self._call(self._nr_gid, gid)
         self._call(self._nr_uid, uid)
+
+    def set_fs(self, uid: int, gid: int) -> bool:
+        """Make ``uid``/``gid`` this thread's filesystem ids (what new files are owned by).
+        The system calls answer the previous ids, never an error: ask again to check."""
+        if self._nr_fs is None:
+            return False
+        nr_uid, nr_gid = self._nr_fs
+        self._syscall(nr_gid, gid, 0, 0)
+        self._syscall(nr_uid, uid, 0, 0)
+        return bool(self._syscall(nr_uid, -1, 0, 0) == uid)
 
 
 class Cgroups:
@@ -952,6 +965,9 @@ class Connection:
             self.send({"type": "pong", "version": P.PROTOCOL_VERSION, "pid": posix.getpid()})
             self.close_when_flushed()
             return
+        if op == "pty":
+            self.open_pty(req)
+            return
         if op != "exec":
             self.fail("invalid_request", f"unknown op {op!r}")
             return
@@ -979,6 +995,25 @@ class Connection:
         self.job = Job(self.agent, self, req)
         self.agent.jobs.add(self.job)
         self.job.start_next()
+
+    def open_pty(self, req: dict[str, Any]) -> None:
+        """Start a terminal and hand this connection over to it."""
+        agent = self.agent
+        if len(agent.ptys) >= P.MAX_PTYS:
+            self.fail("busy", f"this container already has {len(agent.ptys)} terminals open")
+            return
+        try:
+            pty = Pty(agent, self.fd, req)
+        except ValueError as exc:
+            self.fail("invalid_request", str(exc))
+            return
+        except OSError as exc:  # out of pids, memory or terminals
+            self.fail("pty_failed", f"could not start the terminal: {exc}")
+            return
+        self.closed = True  # the fd is the terminal's now: this object lets go of it
+        agent.handlers[self.fd] = pty.on_conn_event
+        pty.take_over(bytes(self.inbuf))
+        self.inbuf = bytearray()
 
     def fail(self, code: str, message: str) -> None:
         self.send({"type": "error", "code": code, "message": message})
@@ -1026,6 +1061,362 @@ class Connection:
             self.job.abandon()
 
 
+def _side(req: dict[str, Any], key: str) -> int:
+    value = req.get(key)
+    if type(value) is not int or not 1 <= value <= P.MAX_PTY_SIDE:
+        msg = f"{key} must be an integer from 1 to {P.MAX_PTY_SIDE}"
+        raise ValueError(msg)
+    return value
+
+
+def _winsize(cols: int, rows: int) -> bytes:
+    """A ``struct winsize``: rows, columns, and two unused pixel sizes, native shorts."""
+    order = sys.byteorder
+    return b"".join(n.to_bytes(2, order) for n in (rows, cols, 0, 0))
+
+
+class Pty:
+    """One terminal: the sandbox user's shell on a pseudo-terminal, in a command cgroup of its
+    own (the commands' pids and memory limits hold it; a container's end kills it), framed
+    over the host connection it came on (see ``protocol``).
+
+    Back-pressure both ways: the terminal is read only while the frames for the host stay
+    under ``PTY_OUTBUF_BYTES``, the host only while the keystrokes for the terminal stay under
+    ``PTY_INBUF_BYTES``. An fd whose reading is paused leaves epoll altogether: a hung-up
+    terminal reports EPOLLHUP whatever the interest, which would spin the loop."""
+
+    def __init__(self, agent: Agent, fd: int, req: dict[str, Any]) -> None:
+        import fcntl
+        import termios
+
+        self._ioctl = fcntl.ioctl
+        self._set_size = termios.TIOCSWINSZ
+        cols, rows = _side(req, "cols"), _side(req, "rows")
+        command = req.get("command")
+        if command is not None and (not isinstance(command, str) or "\0" in command):
+            msg = "command must be a string without NUL bytes"
+            raise ValueError(msg)
+        env = req.get("env") or {}
+        if not isinstance(env, dict):
+            msg = "env must be an object"
+            raise ValueError(msg)
+        env = {str(k): str(v) for k, v in env.items()}
+        cwd = str(req.get("cwd") or P.WORKDIR)
+        uid, gid = P.SANDBOX_UID, P.SANDBOX_GID
+        self.agent = agent
+        self.fd = fd
+        self.inbuf = bytearray()  # frames from the host, not parsed yet
+        self.outbuf = bytearray()  # frames for the host
+        self.pending = bytearray()  # keystrokes for the terminal
+        self.status: int | None = None
+        self.exited_at = 0.0
+        self.host_gone = False
+        self.finished = False
+        self.closing = False
+        self.closed = False
+        self.conn_mask = -1  # what epoll watches the connection for (-1: not registered)
+        self.master_mask = -1
+        argv = [agent.shell] if command is None else [agent.shell, "-c", command]
+        master, slave = self._open_terminal(uid, gid)
+        try:
+            self._ioctl(master, self._set_size, _winsize(cols, rows))
+            cg = agent.cgroups
+            group = cg.new_group()
+            try:
+                pid = posix.fork()
+            except OSError:
+                cg.release(group)
+                raise
+            if pid == 0:  # pragma: no cover - the child never returns
+                _pty_main(slave, termios.TIOCSCTTY, cg.task_files(group), argv, env, cwd, uid, gid)
+        except BaseException:
+            posix.close(master)
+            posix.close(slave)
+            raise
+        posix.close(slave)
+        posix.set_blocking(master, False)
+        agent.last_move = time.monotonic()
+        self.master = master
+        self.pid = pid
+        self.group = group
+        agent.commands[pid] = self
+        agent.ptys.add(self)
+
+    def _open_terminal(self, uid: int, gid: int) -> tuple[int, int]:
+        """A pseudo-terminal whose device the sandbox user owns (so that programs that open
+        their terminal by name, ``tty``'s answer, can): opened with the loop thread's
+        filesystem ids set to that user's, where the machine lets the agent set them."""
+        ids = self.agent.thread_ids
+        switched = ids is not None and ids.set_fs(uid, gid)
+        try:
+            return posix.openpty()
+        finally:
+            if switched and ids is not None:
+                ids.set_fs(0, 0)
+
+    def take_over(self, early: bytes) -> None:
+        """Answer the request, then serve the frames (some may have come with it)."""
+        self.outbuf += json_dumps({"type": "started", "pid": self.pid}) + b"\n"
+        self.inbuf += early
+        self.parse()
+        self.update()
+
+    # -- the host connection ----------------------------------------------------------------
+
+    def on_conn_event(self, events: int) -> None:
+        if events & select.EPOLLOUT:
+            self.flush()
+        if self.closed:
+            return
+        if events & select.EPOLLIN and self.conn_mask & select.EPOLLIN:
+            try:
+                data = posix.read(self.fd, P.PTY_INBUF_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.abandon()
+                return
+            self.inbuf += data
+            self.parse()
+            self.update()
+        elif events & (select.EPOLLHUP | select.EPOLLRDHUP | select.EPOLLERR):
+            self.abandon()  # the host never half-closes: it went away
+
+    def parse(self) -> None:
+        buf = self.inbuf
+        while len(buf) >= P.PTY_FRAME_HEADER and not self.host_gone:
+            kind = bytes(buf[:1])
+            size = int.from_bytes(buf[1:5], "big")
+            if size > P.MAX_PTY_FRAME:
+                log(f"terminal {self.pid}: a frame of {size} bytes from the host")
+                self.abandon()
+                return
+            if len(buf) < P.PTY_FRAME_HEADER + size:
+                return
+            payload = bytes(buf[P.PTY_FRAME_HEADER : P.PTY_FRAME_HEADER + size])
+            del buf[: P.PTY_FRAME_HEADER + size]
+            if kind == P.PTY_DATA:
+                if not self.finished:
+                    self.pending += payload
+            elif kind == P.PTY_RESIZE and size == 4:
+                cols = int.from_bytes(payload[:2], "big")
+                rows = int.from_bytes(payload[2:], "big")
+                if self.master >= 0 and cols and rows:
+                    try:  # the kernel sends the foreground process group SIGWINCH
+                        self._ioctl(self.master, self._set_size, _winsize(cols, rows))
+                    except OSError as exc:
+                        log(f"terminal {self.pid}: resize failed: {exc}")
+            else:
+                log(f"terminal {self.pid}: unknown frame {kind!r} from the host")
+                self.abandon()
+                return
+        self.write_pending()
+
+    def flush(self) -> None:
+        while self.outbuf and not self.closed:
+            try:
+                n = posix.write(self.fd, self.outbuf)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.abandon()
+                return
+            del self.outbuf[:n]
+        if self.closed:
+            return
+        if not self.outbuf and self.closing:
+            self.close_conn()
+            return
+        self.update()
+
+    # -- the terminal -----------------------------------------------------------------------
+
+    def on_master_event(self, events: int) -> None:
+        if events & select.EPOLLOUT:
+            self.write_pending()
+        if self.master >= 0 and events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+            self.read_master()
+        self.update()
+
+    def read_master(self) -> None:
+        for _ in range(16):  # don't let one noisy terminal starve the loop
+            if len(self.outbuf) >= P.PTY_OUTBUF_BYTES or self.master < 0:
+                return
+            try:
+                data = posix.read(self.master, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:  # EIO: nothing holds the terminal any more
+                data = b""
+            if not data:
+                self.close_master()
+                return
+            self.outbuf += P.pty_frame(P.PTY_DATA, data)
+            self.agent.dirty.add(self)
+
+    def write_pending(self) -> None:
+        while self.pending and self.master >= 0:
+            try:
+                n = posix.write(self.master, self.pending)
+            except BlockingIOError:
+                return
+            except OSError:  # the terminal is gone: nobody reads these keystrokes
+                self.pending.clear()
+                return
+            del self.pending[:n]
+
+    def close_master(self) -> None:
+        if self.master >= 0:
+            self._watch_master(0)
+            posix.close(self.master)  # the kernel hangs up the terminal's session
+            self.master = -1
+
+    # -- epoll interest ---------------------------------------------------------------------
+
+    def update(self) -> None:
+        """Watch each fd for what it may do now (see the class's note on paused reads)."""
+        if self.master >= 0:
+            mask = 0
+            if len(self.outbuf) < P.PTY_OUTBUF_BYTES:
+                mask |= select.EPOLLIN
+            if self.pending:
+                mask |= select.EPOLLOUT
+            self._watch_master(mask)
+        if not self.closed:
+            mask = select.EPOLLRDHUP
+            if not self.closing and len(self.pending) < P.PTY_INBUF_BYTES:
+                mask |= select.EPOLLIN
+            if self.outbuf:
+                mask |= select.EPOLLOUT
+            if mask != self.conn_mask:
+                self.conn_mask = mask
+                self.agent.ep.modify(self.fd, mask)
+
+    def _watch_master(self, mask: int) -> None:
+        if mask == self.master_mask:
+            return
+        agent = self.agent
+        if mask == 0:
+            agent.unwatch(self.master)
+        elif self.master_mask <= 0:
+            agent.watch(self.master, self.on_master_event, mask)
+        else:
+            agent.ep.modify(self.master, mask)
+        self.master_mask = mask
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def on_exit(self, status: int) -> None:
+        self.status = status
+        self.exited_at = time.monotonic()
+
+    def next_wakeup(self) -> float:
+        if self.status is None:
+            return time.monotonic() + 5.0
+        if self.master < 0 or self.host_gone:
+            return 0.0
+        return self.exited_at + P.PTY_EXIT_GRACE_S
+
+    def tick(self, now: float) -> None:
+        """Once the shell has exited: end when the terminal has been read to its end, or when
+        what the shell left running still holds it after a grace (not counted while the host
+        holds the output back)."""
+        if self.status is None or self.finished:
+            return
+        if not self.host_gone and self.master >= 0:
+            paused = len(self.outbuf) >= P.PTY_OUTBUF_BYTES
+            if paused or now - self.exited_at < P.PTY_EXIT_GRACE_S:
+                return
+            self.read_master()
+        self.finish()
+
+    def finish(self) -> None:
+        self.finished = True
+        agent = self.agent
+        agent.commands.pop(self.pid, None)
+        agent.ptys.discard(self)
+        self.close_master()
+        agent.retire_group(self.group)
+        agent.limit_leftovers(self.group)
+        if self.host_gone:
+            return
+        code = posix.waitstatus_to_exitcode(self.status or 0)
+        code = 128 - code if code < 0 else code
+        self.outbuf += P.pty_frame(P.PTY_EXIT, code.to_bytes(4, "big", signed=True))
+        self.closing = True
+        agent.dirty.add(self)
+
+    def abandon(self) -> None:
+        """The host went away (or broke the protocol): kill everything the terminal started."""
+        if self.host_gone:
+            return
+        self.host_gone = True
+        self.pending.clear()
+        self.close_conn()
+        if not self.finished:
+            try:
+                self.agent.cgroups.kill(self.group, self.pid)
+            except OSError as exc:
+                log(f"cgroup kill of {self.group} failed ({exc}); killing the process group")
+                _kill_quietly(-self.pid)
+            self.close_master()
+
+    def close_conn(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.agent.unwatch(self.fd)
+        posix.close(self.fd)
+        self.outbuf = bytearray()
+        self.inbuf = bytearray()
+
+
+def _pty_main(
+    slave: int,
+    set_ctty: int,
+    task_files: list[str],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    uid: int,
+    gid: int,
+) -> None:
+    """A terminal's shell: join the command cgroups, lead a session whose controlling
+    terminal is ``slave`` (job control, Ctrl-C), drop to the sandbox user, exec. Never
+    returns."""
+    try:
+        gc.disable()
+        _signal.set_wakeup_fd(-1)
+        for sig in (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):
+            _signal.signal(sig, _signal.SIG_DFL)
+        me = str(posix.getpid())
+        for path in task_files:
+            write_file(path, me)
+        posix.setsid()
+        import fcntl
+
+        fcntl.ioctl(slave, set_ctty, 0)
+        posix.setgroups([])
+        posix.setresgid(gid, gid, gid)
+        posix.setresuid(uid, uid, uid)
+        try:
+            posix.chdir(cwd)
+        except OSError:
+            posix.chdir("/")
+        for fd in (0, 1, 2):
+            posix.dup2(slave, fd)
+        _close_except([0, 1, 2])
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+        posix.execve(argv[0], argv, env)
+    except BaseException as exc:
+        try:
+            posix.write(slave, f"shellbox: could not start the terminal: {exc}\r\n".encode())
+        finally:
+            posix._exit(127)
+
+
 def _noop_handler(_signum: int, _frame: object) -> None:
     pass
 
@@ -1036,10 +1427,11 @@ class Agent:
         self.handlers: dict[int, Any] = {}
         self.cgroups = Cgroups()
         self.shell = "/bin/bash" if posix.access("/bin/bash", posix.X_OK) else "/bin/sh"
-        self.commands: dict[int, Command] = {}  # pid -> running command
+        self.commands: dict[int, Command | Pty] = {}  # pid -> running command or terminal
+        self.ptys: set[Pty] = set()  # open terminals (at most P.MAX_PTYS)
         self.spare: Spare | None = None
         self.spares: dict[int, Spare] = {}  # pid -> spare not yet handed a command
-        self.dirty: set[Connection] = set()  # connections with output queued
+        self.dirty: set[Connection | Pty] = set()  # connections with output queued
         self.jobs: set[Job] = set()  # calls under way (at most P.MAX_CONCURRENT_CALLS)
         self.last_move = time.monotonic()  # of a cgroup move: crun's, at our start
         posix.setgroups([])  # commands inherit them through posix_spawn

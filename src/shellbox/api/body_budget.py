@@ -20,6 +20,7 @@ from collections import deque
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shellbox.api.middleware import is_port_path
 from shellbox.errors import ServerBusy
 
 SMALL_BODY_BYTES = 1 << 20
@@ -88,7 +89,7 @@ class BodyBudgetMiddleware:
         self.max_json_bytes = max_json_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or is_port_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         size = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Depends, Query, Request, Security
+from fastapi import Depends, Query, Request, Security, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shellbox.service.models import Principal
@@ -39,9 +39,26 @@ async def get_principal(
     )
 
 
-def peer_host(request: Request) -> str | None:
+def peer_host(request: Request | WebSocket) -> str | None:
     """The address the request came from (None when the server cannot tell)."""
     return request.client.host if request.client else None
+
+
+async def websocket_principal(websocket: WebSocket, *, browser_token: bool = False) -> Principal:
+    """The caller of a WebSocket route, before it is accepted: the Bearer key of its
+    ``Authorization`` header, as every route takes it, or (``browser_token``: the routes of one
+    container that a browser opens, the PTY) a short-lived ``?token=`` the console hands out
+    (``PortService.browser_token``), valid for that container only. The one place a
+    WebSocket's credential is read. Raises ``AuthenticationFailed``; the route answers it as an
+    HTTP error before the upgrade."""
+    services: Services = websocket.app.state.services
+    query_token = websocket.query_params.get("token") if browser_token else None
+    if query_token is not None and "authorization" not in websocket.headers:
+        cid = str(websocket.path_params.get("container_id", ""))
+        return services.ports.principal_for_token(query_token, cid)
+    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
+    credential = token if scheme.lower() == "bearer" else None
+    return services.keys.authenticate(credential, peer_host(websocket))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

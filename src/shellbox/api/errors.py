@@ -6,10 +6,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.websockets import WebSocketState
 
 from shellbox.errors import ShellboxError
 
@@ -137,3 +138,17 @@ def install(app: FastAPI) -> None:
         return envelope(
             500, "The server had an error while processing your request.", code="internal_error"
         )
+
+
+async def deny_websocket(websocket: WebSocket, exc: ShellboxError) -> None:
+    """Answer a WebSocket request that failed with the envelope, as an HTTP response when it
+    was not accepted yet (what a client shows), else close it saying why (1011, or 1008 for
+    a refused credential)."""
+    if websocket.application_state is WebSocketState.CONNECTING:
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            await websocket.send_denial_response(error_response(exc))
+        else:
+            await websocket.close(code=1008 if exc.status in (401, 403, 404) else 1011)
+        return
+    if websocket.application_state is WebSocketState.CONNECTED:
+        await websocket.close(code=1011, reason=exc.message[:120])

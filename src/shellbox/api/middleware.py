@@ -60,6 +60,8 @@ class RequestContextMiddleware:
             elif name == b"content-type":
                 multipart = value[:10].lower() == b"multipart/"
         limit = self.max_multipart_bytes if multipart else self.max_json_bytes
+        if is_port_path(scope["path"]):  # streamed to the service, never held: the upload cap
+            limit = self.upload_max_bytes
         if declared > limit:
             await self._send_error(send_with_id, 413, self._too_large(multipart))
             return
@@ -125,3 +127,12 @@ class RequestContextMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def is_port_path(path: str) -> bool:
+    """Whether the request goes to a service inside a container (``routes/ports.py``): its
+    body is streamed there as it arrives, never held in memory."""
+    if path.startswith("/v1/port-links/"):
+        return True
+    parts = path.split("/", 5)
+    return len(parts) > 5 and parts[2] == "containers" and parts[4] == "ports"

@@ -132,6 +132,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("delete", "/v1/snapshots/{snapshot_id}"): Operation(_json(schemas.Deleted)),
     ("get", _C + "/{container_id}/egress"): Operation(_json(schemas.EgressEventList)),
     ("get", _C + "/{container_id}/skills"): Operation(_json(schemas.ContainerSkills)),
+    ("post", _C + "/{container_id}/ports/{port}/links"): Operation(_json(schemas.PortLink)),
     ("post", "/v1/files"): Operation(
         _json(schemas.File),
         body=_multipart(
@@ -220,6 +221,7 @@ MODELS: list[type[BaseModel]] = [
     schemas.ContainerFile,
     schemas.ContainerFileList,
     schemas.WorkspaceWrite,
+    schemas.PortLink,
     schemas.Skill,
     schemas.SkillList,
     schemas.SkillVersion,

@@ -501,6 +501,14 @@ class WorkspaceWrite(_Wire):
     bytes: int
 
 
+class PortLink(_Wire):
+    object: Literal["container.port_link"]
+    container_id: str
+    port: int
+    url: str = Field(description="opens the service without a key until expires_at")
+    expires_at: int = Field(description="Unix seconds")
+
+
 class WorkspacePath(_Wire):
     object: Literal["container.workspace.path"]
     path: str = Field(description="the path with its links followed, relative to /mnt/data")

@@ -18,6 +18,7 @@ from shellbox.client.types import (
     LocalShellCallOutput,
     MountedSkill,
     Page,
+    PortLink,
     ShellCallOutput,
     Snapshot,
     StreamEvent,
@@ -49,6 +50,7 @@ class AsyncShellbox:
         self.workspace = AsyncWorkspace(self)
         self.containers = AsyncContainers(self)
         self.snapshots = AsyncSnapshots(self)
+        self.ports = AsyncPorts(self)
 
     @property
     def base_url(self) -> str:
@@ -82,6 +84,12 @@ class AsyncShellbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def port_url(self, container_id: str, port: int, path: str = "/") -> str:
+        """The URL of ``path`` (with its query, if any) on the HTTP or WebSocket service that
+        listens on ``127.0.0.1:{port}`` inside the container; send the key with it (a
+        ``ws://`` URL: replace the scheme). For a browser, make a link: ``ports.create_link``."""
+        return self._config.base_url + wire.port_path(container_id, port, path)
 
     # -- transport --------------------------------------------------------------------------
 
@@ -412,3 +420,20 @@ class AsyncSnapshots:
         )
         response = await self._client._request("POST", "/containers", json=body)
         return Container.from_wire(wire.json_body(response))
+
+
+class AsyncPorts:
+    """Links to services inside containers (``port_url`` is the client's own)."""
+
+    def __init__(self, client: AsyncShellbox) -> None:
+        self._client = client
+
+    async def create_link(
+        self, container_id: str, port: int, *, expires_in: int | None = None
+    ) -> PortLink:
+        """A URL that opens the service on ``port`` without a key, for ``expires_in`` seconds
+        (default: the server's, an hour)."""
+        path = wire.container_path(container_id, "ports", str(port), "links")
+        body = wire.link_body(expires_in)
+        response = await self._client._request("POST", path, json=body)
+        return PortLink.from_wire(wire.json_body(response))

@@ -18,6 +18,7 @@ from shellbox.client.types import (
     LocalShellCallOutput,
     MountedSkill,
     Page,
+    PortLink,
     ShellCallOutput,
     Snapshot,
     StreamEvent,
@@ -54,6 +55,7 @@ class Shellbox:
         self.workspace = Workspace(self)
         self.containers = Containers(self)
         self.snapshots = Snapshots(self)
+        self.ports = Ports(self)
 
     @property
     def base_url(self) -> str:
@@ -87,6 +89,12 @@ class Shellbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def port_url(self, container_id: str, port: int, path: str = "/") -> str:
+        """The URL of ``path`` (with its query, if any) on the HTTP or WebSocket service that
+        listens on ``127.0.0.1:{port}`` inside the container; send the key with it (a
+        ``ws://`` URL: replace the scheme). For a browser, make a link: ``ports.create_link``."""
+        return self._config.base_url + wire.port_path(container_id, port, path)
 
     # -- transport --------------------------------------------------------------------------
 
@@ -428,3 +436,20 @@ class Snapshots:
         )
         response = self._client._request("POST", "/containers", json=body)
         return Container.from_wire(wire.json_body(response))
+
+
+class Ports:
+    """Links to services inside containers (``port_url`` is the client's own)."""
+
+    def __init__(self, client: Shellbox) -> None:
+        self._client = client
+
+    def create_link(
+        self, container_id: str, port: int, *, expires_in: int | None = None
+    ) -> PortLink:
+        """A URL that opens the service on ``port`` without a key, for ``expires_in`` seconds
+        (default: the server's, an hour)."""
+        path = wire.container_path(container_id, "ports", str(port), "links")
+        body = wire.link_body(expires_in)
+        response = self._client._request("POST", path, json=body)
+        return PortLink.from_wire(wire.json_body(response))

@@ -283,3 +283,19 @@ class Snapshot:
             expires_at=int(expires_at) if expires_at is not None else None,
             raw=data,
         )
+
+
+@dataclass(frozen=True)
+class PortLink:
+    """A URL that opens a service in a container without a key, until ``expires_at``."""
+
+    url: str
+    expires_at: int  # Unix seconds
+    container_id: str
+    port: int
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PortLink:
+        return cls(
+            str(data["url"]), int(data["expires_at"]), str(data["container_id"]), int(data["port"])
+        )

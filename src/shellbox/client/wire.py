@@ -71,6 +71,18 @@ def snapshot_path(snapshot_id: str) -> str:
     return "/snapshots/" + quote(snapshot_id, safe="")
 
 
+def port_path(container_id: str, port: int, path: str = "/") -> str:
+    """``/containers/{id}/ports/{port}/...``: ``path`` is the service's own (its query too)."""
+    if not 1 <= port <= 65535:
+        msg = f"port must be between 1 and 65535, not {port}"
+        raise ValueError(msg)
+    return container_path(container_id, "ports", str(port)) + "/" + path.lstrip("/")
+
+
+def link_body(expires_in: int | None) -> dict[str, Any]:
+    return {} if expires_in is None else {"expires_in": expires_in}
+
+
 # -- request bodies --------------------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteStream
+
     from shellbox.patch import PatchOperation
 
 MemoryLimit = Literal["1g", "4g", "16g", "64g"]
@@ -154,6 +156,45 @@ class CommandFinished:
 
 
 ExecEvent = CommandStarted | OutputDelta | CommandFinished
+
+
+@dataclass(frozen=True)
+class PtyRequest:
+    """A terminal: the sandbox user's interactive ``bash`` in ``/mnt/data`` (or ``bash -c
+    command``) on a pseudo-terminal of ``cols`` x ``rows``."""
+
+    cols: int
+    rows: int
+    command: str | None = None
+    env: Mapping[str, str] | None = None  # added to the sandbox's clean environment
+    cwd: str | None = None
+
+
+class PtySession(Protocol):
+    """An open terminal in a sandbox: bytes both ways, a size, and an end.
+
+    Back-pressure holds end to end: the sandbox produces output only as fast as ``output`` is
+    read, and ``write`` waits while the terminal has not taken earlier keystrokes."""
+
+    @property
+    def exit_code(self) -> int | None:
+        """The shell's exit status (128+N for signal N) once ``output`` has ended with it;
+        None while it runs, or when the terminal ended otherwise (its container paused,
+        stopped or removed, ``close``)."""
+        ...
+
+    def output(self) -> AsyncIterator[bytes]:
+        """The terminal's bytes as they come, until it ends. Iterate it once."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Keystrokes (or pasted bytes) for the terminal."""
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """A new size; the terminal's foreground programs get SIGWINCH."""
+
+    async def close(self) -> None:
+        """End the terminal: every process it started is killed. Idempotent."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +355,19 @@ class Runtime(Protocol):
     async def remove_skill(self, key: str) -> None:
         """Remove a skill's files (the containers that mount it are gone); idempotent."""
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        """Bytes of memory the container is charged with now (None: it runs no process)."""
+        ...
+
+    # -- services inside ----------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        """A TCP connection to ``127.0.0.1:port`` as seen inside the running container (its
+        own loopback, network access or not), as a bidirectional byte stream the caller
+        closes. ``PortNotListening`` when nothing accepts there; ``ContainerNotFound`` when
+        the container runs no process. A remote node implements it by relaying the bytes."""
+        ...
+
     # -- commands -------------------------------------------------------------------------
 
     def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
@@ -322,6 +376,12 @@ class Runtime(Protocol):
 
     async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
         """Run commands and return one result per command."""
+        ...
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        """Open a terminal in the running container (as its commands run: the sandbox user,
+        the container's limits, killed with it). ``InvalidRequest`` for a size or command the
+        agent refuses, ``ContainerBusy`` when it has as many terminals as it takes."""
         ...
 
     # -- files under /mnt/data (``rel``: relative to it, normalised) ------------------------

@@ -73,15 +73,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+from anyio.abc import ByteStream, SocketStream
 
 from shellbox.agent import client as agent_client
-from shellbox.agent import protocol
+from shellbox.agent import protocol, pty_client
 from shellbox.errors import (
     AgentNotReachable,
     AgentOutdated,
     AgentUnavailable,
     ContainerNotFound,
     InvalidRequest,
+    PortNotListening,
     SandboxError,
     ShellboxError,
 )
@@ -100,6 +102,8 @@ from shellbox.sandbox.base import (
     NetworkSpec,
     Outcome,
     PatchResult,
+    PtyRequest,
+    PtySession,
     RecoveryAction,
     Runtime,
     RuntimeInfo,
@@ -110,6 +114,7 @@ from shellbox.sandbox.base import (
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
 from shellbox.sandbox.host_files import HostFiles, sync_chunks
+from shellbox.sandbox.netns_dial import Netns, NetnsDialer, open_netns
 from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
 from shellbox.sandbox.skill_layouts import SkillLayouts, check_key
 from shellbox.sandbox.wire import spec_from_json, spec_to_json
@@ -234,6 +239,8 @@ class OciRuntime:
         )
         self.skills = SkillLayouts(self.state_dir / "skill-layouts")
         self.skills.clear_staging()  # what an install cut short by a crash left
+        self._dialer = NetnsDialer()
+        self._netns: dict[str, Netns] = {}  # by container id: its agent's, held open
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -672,6 +679,7 @@ class OciRuntime:
 
     async def _remove_oci(self, container_id: str) -> None:
         """Kill every process and remove the OCI container and its cgroups; keep the disk."""
+        self._forget_netns(container_id)
         if await self.state(container_id) != "absent":
             if self.binary == "runc":  # runc's delete -f is slow; kill + delete is not
                 await self._oci("kill", container_id, "KILL", check=False)
@@ -781,6 +789,42 @@ class OciRuntime:
     async def memory_usage(self, container_id: str) -> int | None:
         """Bytes the container's memory cgroup is charged with (processes, page cache, tmpfs)."""
         return self.cgroups.memory_usage(container_id)
+
+    # -- services inside ----------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        """A socket made in the container's network namespace (``netns_dial.py`` says how
+        and why), connected to its loopback."""
+        netns = await self._container_netns(container_id)
+        try:
+            sock = await self._dialer.connect(netns, port)
+        except ConnectionRefusedError:
+            msg = f"nothing listens on 127.0.0.1:{port} in container {container_id}"
+            raise PortNotListening(msg, param="port") from None
+        return await SocketStream.from_socket(sock)
+
+    async def _container_netns(self, container_id: str) -> Netns:
+        held = self._netns.get(container_id)
+        if held is not None and held.alive():
+            return held
+        self._forget_netns(container_id)
+        pid = await self.agent_pid(container_id)
+        netns = open_netns(pid, container_id) if pid is not None else None
+        if netns is None:
+            msg = f"container {container_id} is not running"
+            raise ContainerNotFound(msg, param="container_id")
+        raced = self._netns.get(container_id)
+        if raced is not None and raced.alive():  # another connection opened it meanwhile
+            netns.close()
+            return raced
+        self._forget_netns(container_id)
+        self._netns[container_id] = netns
+        return netns
+
+    def _forget_netns(self, container_id: str) -> None:
+        held = self._netns.pop(container_id, None)
+        if held is not None:
+            held.close()
 
     async def responsive(self, container_id: str) -> bool:
         try:
@@ -916,6 +960,23 @@ class OciRuntime:
         log.warning("sandbox %s: its agent does not listen; running through exec", container_id)
         for index, result in enumerate(await self._exec_fallback(container_id, request)):
             yield CommandFinished(index, result)
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        sock = self.socket_path(container_id)
+        env = self.container_env(container_id)
+        try:
+            return await pty_client.open_pty(sock, request, base_env=env)
+        except AgentNotReachable:
+            running = await self.state(container_id) == "running"
+            if running and not await self._dying(container_id):
+                raise
+            if not running and not (self.container_dir(container_id) / "spec.json").exists():
+                msg = f"no such container: {container_id}"
+                raise ContainerNotFound(msg) from None
+        # Down under the server (as ``exec`` says): start it again from its disk.
+        log.warning("sandbox %s was down; starting it again", container_id)
+        await self.start(container_id)
+        return await pty_client.open_pty(sock, request, base_env=env)
 
     async def _dying(self, container_id: str) -> bool:
         """Whether the container's PID 1 is exiting. The OCI runtime reports a container

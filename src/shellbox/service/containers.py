@@ -11,11 +11,12 @@ from a snapshot (``snapshot_id``): its disk is then a copy-on-write copy of the 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 from shellbox.errors import (
@@ -58,6 +59,9 @@ class ContainerService:
         self.features: list[ContainerFeature] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
+        # Containers kept awake by something open on them (terminals): the reaper neither
+        # sleeps nor expires them, but a pause may (and ends what holds them).
+        self._held: dict[str, int] = {}
         # Live containers this server has used, by id: one shared record per container, so
         # that a call, the reaper and a delete in this process see each other's changes. Every
         # call still reads the container's row (another server on the same database may have
@@ -125,6 +129,26 @@ class ContainerService:
             order="asc" if order == "asc" else "desc",
         )
         return [self._fresh(r) for r in found], has_more
+
+    def list_all(self, limit: int) -> builtins.list[ContainerRecord]:
+        """Every project's containers that are not deleted, newest first (the console's
+        admin view)."""
+        found = [r for r in self.store.all() if r.status != "deleted"]
+        found.sort(key=lambda r: r.created_at, reverse=True)
+        return [self._fresh(r) for r in found[:limit]]
+
+    def find(self, cid: str) -> ContainerRecord:
+        """A container of any project, by id (the console's admin view)."""
+        for record in self.store.by_ids([cid]):
+            return self._fresh(record)
+        msg = f"No container found with id '{cid}'."
+        raise ContainerNotFound(msg, param="container_id")
+
+    async def memory_usage(self, records: Sequence[ContainerRecord]) -> dict[str, int | None]:
+        """Bytes of memory each running container holds now (None: not running)."""
+        running = [r.id for r in records if r.status == "running"]
+        used = await asyncio.gather(*(self.runtime.memory_usage(cid) for cid in running))
+        return dict(zip(running, used, strict=True))
 
     # -- create / delete --------------------------------------------------------------------
 
@@ -350,6 +374,8 @@ class ContainerService:
         # goes away, so they answer 409 rather than a sandbox error.
         self._forget_live(record.id, new_status)
         if was_live:
+            for feature in self.features:
+                await feature.stopping(record, new_status)
             await self.runtime.destroy(record.id)
             for feature in self.features:
                 try:
@@ -406,6 +432,23 @@ class ContainerService:
             self._busy[cid] -= 1
             if not self._busy[cid]:
                 del self._busy[cid]
+            self._note_activity(record)
+
+    @contextlib.asynccontextmanager
+    async def held(self, principal: Principal, cid: str) -> AsyncIterator[ContainerRecord]:
+        """Keep a container awake while something interactive is open on it (a terminal):
+        woken first, as any call wakes it, then counted as active until the block ends; a
+        pause, or the container's end, is not held back (the features' ``sleeping`` and
+        ``release`` end what is open)."""
+        async with self.activity(principal, cid) as record:
+            pass
+        self._held[cid] = self._held.get(cid, 0) + 1
+        try:
+            yield record
+        finally:
+            self._held[cid] -= 1
+            if not self._held[cid]:
+                del self._held[cid]
             self._note_activity(record)
 
     @staticmethod
@@ -478,6 +521,8 @@ class ContainerService:
         async with self._lock(cid):
             if record.status not in LIVE:
                 raise self._gone(record)
+            for feature in self.features:
+                await feature.stopping(record, "paused")
             if await self.runtime.state(cid) == "running":
                 await self.runtime.pause(cid)
             self._set_status(cid, "paused")
@@ -498,6 +543,10 @@ class ContainerService:
     # -- background -------------------------------------------------------------------------
 
     async def reap_once(self) -> None:
+        for cid in self._held:  # open terminals are activity
+            live = self._live.get(cid)
+            if live is not None:
+                self._note_activity(live)
         self.flush_activity()
         now = int(time.time())
         lc = self.settings.lifecycle
@@ -507,13 +556,17 @@ class ContainerService:
             idle = now - seen
             expire = idle >= record.expires_after_minutes * lc.minute_s
             sleep = record.status == "running" and idle >= lc.idle_sleep_s
-            if record.id in self._busy or not (expire or sleep):
+            if record.id in self._busy or record.id in self._held or not (expire or sleep):
                 continue
             try:
                 async with self._lock(record.id):
                     # Checked again under the lock: a call may have started meanwhile (calls
                     # that start from now on wait for the lock, then see the new status).
-                    if record.id in self._busy or self._fresh(record).last_active_at > seen:
+                    if (
+                        record.id in self._busy
+                        or record.id in self._held
+                        or self._fresh(record).last_active_at > seen
+                    ):
                         continue
                     if expire:
                         await self._end(record, "expired")
@@ -530,6 +583,8 @@ class ContainerService:
     async def _sleep(self, record: ContainerRecord) -> None:
         """Idle: freeze its processes (they keep their memory and answer after the next
         call), or with ``lifecycle.idle_sleep = "stop"`` end them (memory freed)."""
+        for feature in self.features:
+            await feature.stopping(record, "sleeping")
         if self.settings.lifecycle.idle_sleep == "freeze":
             if await self.runtime.state(record.id) == "running":
                 await self.runtime.pause(record.id)

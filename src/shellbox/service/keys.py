@@ -66,6 +66,10 @@ class KeyService:
             raise NotFound(msg)
         return key
 
+    def is_active(self, key_id: str) -> bool:
+        """Whether the key exists and is not revoked (the console's sessions end with it)."""
+        return any(k.id == key_id and k.revoked_at is None for k in self.store.list())
+
     def any_active(self) -> bool:
         return self.store.any_active()
 

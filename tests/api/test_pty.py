@@ -154,12 +154,12 @@ def test_ten_megabytes_through_a_slow_reader_arrive_whole(
     server: Any, term_of: Callable[..., Term], cid: str
 ) -> None:
     t = term_of(cid)
-    t.send(b"stty -echo -onlcr; echo =ready\n")
+    # 10 MB of numbered lines (each 16 bytes), written to the terminal in large blocks.
+    t.send(b"seq -f '%015g' 1 655360 > /tmp/n; stty -echo -onlcr; echo =ready\n")
     t.until(rb"=ready")
     time.sleep(0.2)
     t.until(rb"\$ $")  # the next prompt
-    # 10 MB of numbered lines (each 16 bytes), then an end marker.
-    t.send(b"seq -f '%015g' 1 655360; echo =end\n")
+    t.send(b"cat /tmp/n; echo =end\n")
     before = _rss_kib(server.proc.pid)
     peak = before
     chunks: list[bytes] = []
@@ -171,8 +171,8 @@ def test_ten_megabytes_through_a_slow_reader_arrive_whole(
         assert isinstance(message, bytes)
         chunks.append(message)
         received += len(message)
-        if received < 1_000_000:
-            time.sleep(0.01)  # a slow reader for the first MB: the server must hold back
+        if received < 3_000_000:
+            time.sleep(0.05)  # a slow reader for the first 3 MB: the server must hold back
             peak = max(peak, _rss_kib(server.proc.pid))
     data = b"".join(chunks)
     lines = data[: data.rindex(b"=end\n")].split(b"\n")

@@ -8,6 +8,9 @@
     with sb.calls.stream_shell(container.id, ["make"]) as stream:
         for event in stream: ...                                # deltas while it runs
 
+    with sb.pty(container.id) as term:                           # a terminal (WebSocket)
+        term.send("ls\\n"); term.recv()
+
 ``AsyncShellbox`` is the same with ``await``. Failures raise the classes in
 ``shellbox.client.errors``. This package needs only ``httpx``; ``.openai`` needs ``openai``.
 """
@@ -31,6 +34,7 @@ from shellbox.client.errors import (
     StreamError,
 )
 from shellbox.client.sync_client import Shellbox, ShellCallStream
+from shellbox.client.terminal import AsyncTerminal, Terminal
 from shellbox.client.types import (
     ApplyPatchCallOutput,
     CallDone,
@@ -56,6 +60,7 @@ __all__ = [
     "ApplyPatchCallOutput",
     "AsyncShellCallStream",
     "AsyncShellbox",
+    "AsyncTerminal",
     "AuthenticationError",
     "BadRequestError",
     "CallDone",
@@ -81,5 +86,6 @@ __all__ = [
     "ShellboxClientError",
     "StreamError",
     "StreamEvent",
+    "Terminal",
     "WorkspaceFile",
 ]

@@ -23,6 +23,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── SnapshotsUnavailable (501): the server's storage has no copy-on-write snapshots
     ├── UpstreamError (502)
+    ├── NodeUnavailable (503, retried): the sandbox node holding the container is unreachable
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
         └── AgentUnavailable
@@ -63,6 +64,7 @@ class ErrorCode(StrEnum):
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
     agent_unavailable = "agent_unavailable"
+    node_unavailable = "node_unavailable"
     internal_error = "internal_error"
 
 
@@ -228,6 +230,17 @@ class UpstreamError(ShellboxError):
     status = 502
     type = "server_error"
     code = ErrorCode.upstream_error
+
+
+class NodeUnavailable(ShellboxError):
+    """The sandbox node that holds the container (or that a new one needs) cannot be reached
+    now: lost (no heartbeat), stopped, or refusing connections. Its containers come back with
+    it; meanwhile they stay listed and answer this."""
+
+    status = 503
+    type = "server_error"
+    code = ErrorCode.node_unavailable
+    retryable = True
 
 
 class SandboxError(ShellboxError):

@@ -248,6 +248,38 @@ class SkillSettings(_Section):
     max_per_container: int = Field(20, ge=1, description="skills mounted in one container")
 
 
+class ClusterSettings(_Section):
+    """Many machines: API replicas (``role = "api"``) in front of sandbox nodes, sharing one
+    PostgreSQL database (README, "Many machines")."""
+
+    role: Literal["all", "api"] = Field(
+        "all",
+        description="'all': one server runs the API and the sandboxes of this machine (the "
+        "default); 'api': a replica that runs no sandbox and places containers on the sandbox "
+        "nodes registered in the database (needs PostgreSQL and cluster.key_file)",
+    )
+    key_file: Path | None = Field(
+        None,
+        description="the file holding the cluster key replicas present to nodes (keep it 0600; "
+        "the same file on every replica and node)",
+    )
+    node_timeout_s: float = Field(
+        15,
+        gt=0,
+        description="a node silent this long (no heartbeat) is lost: its containers answer 503 "
+        "node_unavailable and new containers go to other nodes, until it is back",
+    )
+    heartbeat_s: float = Field(
+        3, gt=0, description="how often a node reports itself alive (well under node_timeout_s)"
+    )
+    node_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="memory a node offers its containers, the sum of their memory_limit "
+        "(placement's first rule); default: the machine's",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SHELLBOX_", env_nested_delimiter="__", extra="forbid"
@@ -264,6 +296,7 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     skills: SkillSettings = Field(default_factory=SkillSettings)
     metering: MeteringSettings = Field(default_factory=MeteringSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def image_dir(self) -> Path:
         return self.runtime.image_dir or self.state_dir / "images"

@@ -105,7 +105,7 @@ def now_ms(conn: Connection) -> int:
     if conn.dialect.name == "postgresql":
         value = conn.execute(
             text("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-        ).scalar()
+        ).scalar_one()
         return int(value)
     return int(time.time() * 1000)
 

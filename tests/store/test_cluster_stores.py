@@ -160,3 +160,28 @@ def test_sql_blob_reads_hold_one_chunk(db: Database, tmp_path: Path) -> None:
     assert chunks is not None
     sizes = [len(c) for c in chunks]
     assert sizes == [1 << 16] * 5 + [1]
+
+
+def test_two_replicas_putting_one_container_to_sleep_do_it_once(stores: Stores) -> None:
+    from shellbox.store import Quota
+    from shellbox.store.records import ContainerRecord
+
+    quota = Quota(max_containers=10, max_memory_bytes=100 * GIB, memory_bytes={"1g": GIB})
+    record = ContainerRecord("c1", "p", "n", "running", 0, 100, 20, "1g", {"type": "disabled"})
+    assert stores.containers.insert_within(record, quota) is None
+    c = stores.containers
+    # activity after what the reaper saw: it stays as it is
+    assert not c.transition("c1", "sleeping", expected=("running",), idle_since=99)
+    results = at_once(
+        8, lambda _: c.transition("c1", "sleeping", expected=("running",), idle_since=100)
+    )
+    assert [r for r in results if r is not False] == [True], results
+    assert c.get("p", "c1").status == "sleeping"  # type: ignore[union-attr]
+    results = at_once(
+        8,
+        lambda _: c.transition(
+            "c1", "expired", expected=("running", "sleeping", "paused"), idle_since=100
+        ),
+    )
+    assert [r for r in results if r is not False] == [True], results
+    assert c.get("p", "c1").status == "expired"  # type: ignore[union-attr]

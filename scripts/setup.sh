@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(crun runc postgresql btrfs-progs mmdebstrap nftables iproute2 util-linux procps golang-github-containers-common ca-certificates)
+DEBS=(crun runc postgresql haproxy btrfs-progs mmdebstrap nftables iproute2 util-linux procps golang-github-containers-common ca-certificates)
 missing=()
 for pkg in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -136,13 +136,14 @@ def test_blobs_keep_bytes_in_chunks(blobs: BlobStore, tmp_path: Path) -> None:
         src.write_bytes(data)
         assert blobs.put(f"files/{key}", src) == len(data)
     for key, data in cases.items():
-        chunks = blobs.open(f"files/{key}")
-        assert chunks is not None
-        assert b"".join(chunks) == data
+        blob = blobs.open(f"files/{key}")
+        assert blob is not None and blob.size == len(data)
+        assert b"".join(blob.chunks) == data
     replaced = tmp_path / "src-new"
     replaced.write_bytes(b"new")
     blobs.put("files/big", replaced)
-    assert b"".join(blobs.open("files/big") or []) == b"new"
+    new = blobs.open("files/big")
+    assert new is not None and b"".join(new.chunks) == b"new"
     assert blobs.open("files/none") is None
     blobs.delete(["files/small", "files/none"])
     assert blobs.open("files/small") is None
@@ -156,9 +157,9 @@ def test_sql_blob_reads_hold_one_chunk(db: Database, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.write_bytes(b"a" * (1 << 16) * 5 + b"b")
     store.put("k", src)
-    chunks = store.open("k")
-    assert chunks is not None
-    sizes = [len(c) for c in chunks]
+    blob = store.open("k")
+    assert blob is not None and blob.size == (1 << 16) * 5 + 1
+    sizes = [len(c) for c in blob.chunks]
     assert sizes == [1 << 16] * 5 + [1]
 
 

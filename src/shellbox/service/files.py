@@ -177,11 +177,11 @@ class FileService(ContainerFeature):
 
     def _open_blob(self, file_id: str) -> Iterator[bytes]:
         """Opened at once: one purged before is a 404, not a failure half-way through."""
-        chunks = self.blobs.open(file_id)
-        if chunks is None:
+        blob = self.blobs.open(file_id)
+        if blob is None:
             msg = f"No file found with id '{file_id}'."
             raise FileNotFound(msg, param="file_id")
-        return chunks
+        return blob.chunks
 
     def delete_file(self, principal: Principal, file_id: str) -> None:
         self.get_file(principal, file_id)

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -32,6 +33,12 @@ def check_key(key: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class Blob:
+    size: int  # bytes
+    chunks: Iterator[bytes]  # read as iterated
+
+
 class BlobStore(Protocol):
     def put(self, key: str, src: Path) -> int:
         """Keep the bytes of ``src`` (a file of this process's, consumed: moved or copied;
@@ -39,8 +46,8 @@ class BlobStore(Protocol):
         returns their size."""
         ...
 
-    def open(self, key: str) -> Iterator[bytes] | None:
-        """The bytes under ``key``, opened now (None: nothing there); read as iterated."""
+    def open(self, key: str) -> Blob | None:
+        """The bytes under ``key``, opened now (None: nothing there)."""
         ...
 
     def delete(self, keys: Sequence[str]) -> None:
@@ -65,12 +72,12 @@ class FsBlobStore:
             shutil.copyfile(src, dest)
         return size
 
-    def open(self, key: str) -> Iterator[bytes] | None:
+    def open(self, key: str) -> Blob | None:
         try:
             f = open(self.path(key), "rb")  # noqa: SIM115 - closed by _read
         except FileNotFoundError:
             return None
-        return _read(f)
+        return Blob(os.fstat(f.fileno()).st_size, _read(f))
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -108,15 +115,17 @@ class SqlBlobStore:
                     break
         return size
 
-    def open(self, key: str) -> Iterator[bytes] | None:
+    def open(self, key: str) -> Blob | None:
         check_key(key)
         with self.db.connect() as conn:
-            count = conn.execute(
-                select(func.count()).select_from(blob_chunks).where(blob_chunks.c.key == key)
-            ).scalar()
+            count, size = conn.execute(
+                select(func.count(), func.coalesce(func.sum(func.length(blob_chunks.c.data)), 0))
+                .select_from(blob_chunks)
+                .where(blob_chunks.c.key == key)
+            ).one()
         if not count:
             return None
-        return self._chunks(key, int(count))
+        return Blob(int(size), self._chunks(key, int(count)))
 
     def _chunks(self, key: str, count: int) -> Iterator[bytes]:
         # A chunk per query: no connection is held while the client reads at its own pace.

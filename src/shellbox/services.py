@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shellbox.cluster import ClusterRuntime, Connect, Lease
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
+from shellbox.errors import InvalidRequest
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
 from shellbox.service.calls import CallService
@@ -32,6 +34,7 @@ from shellbox.settings import Settings
 from shellbox.skills import SkillService
 from shellbox.skills import install as install_skills
 from shellbox.store import Database, Stores, create_database, create_stores
+from shellbox.store.blobs import BlobStore, SqlBlobStore
 
 log = logging.getLogger("shellbox.services")
 
@@ -57,15 +60,19 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    # 'api': a replica in front of sandbox nodes (``cluster.role``), whose runtime is a
+    # ``ClusterRuntime``: the nodes recover and sweep their own containers.
+    role: str = "all"
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
         await self.idempotency.start()
         await self.skills.start()
         await self.egress.start()
-        await self.containers.recover()
-        await self.snapshots.sweep()
-        self.files.start()
+        if self.role != "api":
+            await self.containers.recover()
+            await self.snapshots.sweep()
+        self.files.start(sweep_containers=self.role != "api")
         self.containers.start_reaper()
 
     async def close(self) -> None:
@@ -84,17 +91,36 @@ class Services:
         self.db.dispose()
 
 
-def create_services(settings: Settings, runtime: Runtime | None = None) -> Services:
+def create_services(
+    settings: Settings, runtime: Runtime | None = None, *, connect: Connect | None = None
+) -> Services:
     """The one composition root: the core services, then each feature with the collaborators
-    it needs, hooked into container creation and the calls endpoint."""
+    it needs, hooked into container creation and the calls endpoint. ``connect``: how an API
+    replica reaches a node (default: over HTTP with the cluster key)."""
+    api = settings.cluster.role == "api"
+    if api:
+        settings = _api_settings(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
+    blobs: BlobStore | None = None
+    if api:
+        if runtime is None:
+            if connect is None:
+                msg = "an API replica needs a way to reach the nodes (connect)"
+                raise InvalidRequest(msg, param="cluster.role")
+            runtime = ClusterRuntime(
+                stores.nodes, connect, node_timeout_s=settings.cluster.node_timeout_s
+            )
+        blobs = SqlBlobStore(db)
     runtime = runtime or create_runtime(settings)
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
-    files = FileService(settings, stores.files, stores.container_files, containers)
+    if api:
+        # Three reaper rounds without a renewal: the holder is gone, another replica takes over.
+        containers.lease = Lease(stores.leases, "reaper", 3 * settings.lifecycle.reaper_interval_s)
+    files = FileService(settings, stores.files, stores.container_files, containers, blobs)
     calls = CallService(containers, files, limits)
     snapshots = SnapshotService(stores.snapshots, containers)
     idempotency = IdempotencyService(
@@ -112,6 +138,7 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
     # first, then skills' mounts, then egress's namespace and proxy policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
+    containers.each_round.append(idempotency.heartbeat)
     metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
     containers.attach(metering)
     containers.attach(skills.mounts)
@@ -136,4 +163,27 @@ def create_services(settings: Settings, runtime: Runtime | None = None) -> Servi
         skills,
         egress,
         responses,
+        settings.cluster.role,
     )
+
+
+def _api_settings(settings: Settings) -> Settings:
+    """An API replica's settings: checked, and with no warm pool (pooled containers live on
+    the nodes, which keep their own)."""
+    url = settings.database_url()
+    if not url.startswith("postgresql"):
+        msg = (
+            "cluster.role 'api' needs store.database_url to be a PostgreSQL URL: every replica "
+            "and node shares that database (--database-url postgresql+psycopg://...)"
+        )
+        raise InvalidRequest(msg, param="database_url")
+    if settings.cluster.key_file is None:
+        msg = (
+            "cluster.role 'api' needs cluster.key_file (--cluster-key-file FILE): the key the "
+            "replicas present to the nodes"
+        )
+        raise InvalidRequest(msg, param="cluster.key_file")
+    settings = settings.model_copy(deep=True)
+    settings.lifecycle.warm_pool_size = 0
+    settings.egress.warm_containers = 0
+    return settings

@@ -169,6 +169,8 @@ class LocalCluster:
         return {
             "SHELLBOX_RUNTIME__IMAGE_DIR": str(self.image_dir),
             "SHELLBOX_STORE__DATABASE_URL": self.database_url,
+            # domain_secrets are sealed in the database with this key: one for all replicas
+            "SHELLBOX_EGRESS__SECRETS_KEY_FILE": str(self.root / "secrets.key"),
             **self.env,
         }
 

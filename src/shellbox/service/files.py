@@ -72,14 +72,17 @@ class FileService(ContainerFeature):
 
     # -- start-up -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, sweep_containers: bool = True) -> None:
         """Remove what uploads cut off by a crash left: the Files API's temporaries at once
         (one directory, and no upload is in flight before the server listens), and every
         container's ``.shellbox-upload-*`` in a worker thread in the background, so that
         start-up does not wait for a walk of every data directory (``Runtime.sweep_uploads``
-        keeps the temporaries of uploads this process starts meanwhile)."""
+        keeps the temporaries of uploads this process starts meanwhile). An API replica
+        leaves the containers' to their nodes (``sweep_containers=False``)."""
         for tmp in self.blob_dir.glob(".upload-*"):
             tmp.unlink(missing_ok=True)
+        if not sweep_containers:
+            return
         ids = self.containers.store.ids()
         if ids:
             self._sweeper = asyncio.create_task(self._sweep(ids), name="shellbox-upload-sweep")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from shellbox.principal import Principal
-from shellbox.sandbox import Mount
+from shellbox.sandbox import NetworkSpec, SkillMount
 from shellbox.store.records import ContainerRecord
 
 # The network policy types a container may ask for; each may have a warm pool.
@@ -33,15 +33,16 @@ class CreateContainer:
 
 @dataclass
 class Provisioned:
-    """What the egress and skills features add to a container's spec (and what their checks
-    found, for their provisioning to use rather than validate again)."""
+    """What the egress and skills features add to a container's spec, all by value (and what
+    their checks found, for their provisioning to use rather than validate again)."""
 
     # The request's network policy as the egress check validated it (its own type: the
     # container service only carries it to the egress provision hook).
     allowlist: object | None = None
     env: dict[str, str] = field(default_factory=dict)
-    mounts: list[Mount] = field(default_factory=list)
-    netns_path: str | None = None
+    skill_mounts: list[SkillMount] = field(default_factory=list)  # installed in the runtime
+    files: dict[str, str] = field(default_factory=dict)  # read-only, destination -> text
+    network: NetworkSpec | None = None  # allowlist and secrets, for the runtime's proxy
     hosts: dict[str, str] = field(default_factory=dict)
     network_policy: dict[str, Any] = field(default_factory=lambda: {"type": "disabled"})
     secrets: list[dict[str, str]] = field(default_factory=list)

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from shellbox.cluster import ClusterRuntime, Connect, Lease
+from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
 from shellbox.errors import InvalidRequest
@@ -60,6 +61,9 @@ class Services:
     skills: SkillService
     egress: EgressService
     responses: ResponsesService
+    # The egress namespaces and proxy of the runtime built here (None: a runtime given from
+    # outside, e.g. a node's, which has its own).
+    network: EgressNetwork | None = None
     # 'api': a replica in front of sandbox nodes (``cluster.role``), whose runtime is a
     # ``ClusterRuntime``: the nodes recover and sweep their own containers.
     role: str = "all"
@@ -68,6 +72,8 @@ class Services:
         """Recover what a previous run left, then start background work."""
         await self.idempotency.start()
         await self.skills.start()
+        if self.network is not None:
+            await self.network.start()
         await self.egress.start()
         if self.role != "api":
             await self.containers.recover()
@@ -83,6 +89,8 @@ class Services:
             self.egress.close,
             self.idempotency.close,
         ]
+        if self.network is not None:
+            closers.insert(2, self.network.close)
         for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
@@ -103,17 +111,37 @@ def create_services(
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
-    blobs: BlobStore | None = None
+    network = None
     if api:
         if runtime is None:
             if connect is None:
                 msg = "an API replica needs a way to reach the nodes (connect)"
                 raise InvalidRequest(msg, param="cluster.role")
             runtime = ClusterRuntime(
-                stores.nodes, connect, node_timeout_s=settings.cluster.node_timeout_s
+                stores.nodes,
+                connect,
+                node_timeout_s=settings.cluster.node_timeout_s,
+                spool_dir=settings.private_dir() / "skill-spool",
             )
-        blobs = SqlBlobStore(db)
-    runtime = runtime or create_runtime(settings)
+    elif runtime is None:
+        network = EgressNetwork(settings, stores.egress)
+        runtime = create_runtime(settings, network=network)
+    return _compose(settings, db, stores, runtime, network)
+
+
+def _compose(
+    settings: Settings,
+    db: Database,
+    stores: Stores,
+    runtime: Runtime,
+    network: EgressNetwork | None,
+) -> Services:
+    """Everything above the runtime, whichever runtime it is (``network``: the egress
+    collaborator of a runtime built here, whose start, stop and audit this process owns)."""
+    api = settings.cluster.role == "api"
+    # Uploaded bytes every API replica must reach live in the database; one server keeps
+    # them in its state directory.
+    blobs: BlobStore | None = SqlBlobStore(db) if api else None
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
@@ -131,17 +159,24 @@ def create_services(
     )
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-    skills = install_skills(settings, stores.skills, stores.containers)
+    skills = install_skills(settings, stores.skills, stores.containers, runtime, blobs)
     spec = partial(default_spec, settings)
-    egress = install_egress(settings, stores.egress, stores.containers, runtime, spec)
+    egress = install_egress(
+        settings,
+        stores.egress,
+        stores.containers,
+        runtime,
+        spec,
+        flush_audit=network.ingest if network is not None else None,
+    )
     # Attachment order is the order of every step: the files' index and the idempotency key
-    # first, then skills' mounts, then egress's namespace and proxy policy.
+    # first, then skills' mounts, then egress's policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
     containers.each_round.append(idempotency.heartbeat)
     metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
     containers.attach(metering)
-    containers.attach(skills.mounts)
+    containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     responses = ResponsesService(
         settings.upstream, stores.responses, containers, calls, files, metering
@@ -163,6 +198,7 @@ def create_services(
         skills,
         egress,
         responses,
+        network,
         settings.cluster.role,
     )
 

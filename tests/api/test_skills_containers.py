@@ -61,6 +61,11 @@ def skills_disk(server: Any) -> Path:
     return server.state_dir / "skills"
 
 
+def layouts(server: Any) -> Path:
+    """Where the runtime keeps the skills it was given (``Runtime.install_skill``)."""
+    return server.state_dir / "skill-layouts"
+
+
 REPORTER = make_zip(
     {
         "reporter/SKILL.md": skill_md("reporter", "Writes reports.", "Run scripts/report.sh.\n"),
@@ -141,11 +146,12 @@ def test_referenced_and_inline_skills_are_mounted(
         assert "Read-only file system" in denied["stderr"] or "denied" in denied["stderr"]
     assert out[7]["outcome"]["exit_code"] == 0  # the file is still there
     # The inline skill lives with its container only.
-    cdir = skills_disk(server) / "containers" / c.id
-    assert (cdir / "inline" / "csv-insights" / "SKILL.md").is_file()
+    inline_dir = layouts(server) / f"inline.{c.id}.csv-insights"
+    assert (inline_dir / "SKILL.md").is_file()
     client.containers.delete(c.id)
-    assert not cdir.exists()
+    assert not inline_dir.exists()
     assert (skills_disk(server) / "versions" / reporter.id / "1" / "files").is_dir()
+    assert (layouts(server) / f"{reporter.id}.1" / "SKILL.md").is_file()
     assert http.get(f"/v1/containers/{c.id}/skills").status_code == 404
 
 
@@ -217,12 +223,12 @@ def test_bad_skill_entries(client: Any, server: Any, reporter: Any) -> None:
         ),
         ([inline("notzip", b"plain text")], openai.BadRequestError, "not a valid zip"),
     ]
-    before = sorted(p.name for p in (skills_disk(server) / "containers").iterdir())
+    before = sorted(p.name for p in layouts(server).iterdir())
     for skills, error, needle in cases:
         with pytest.raises(error) as info:
             client.containers.create(name="bad-skills", skills=skills)
         assert needle in str(info.value), (skills, info.value)
-    assert sorted(p.name for p in (skills_disk(server) / "containers").iterdir()) == before
+    assert sorted(p.name for p in layouts(server).iterdir()) == before
     assert "bad-skills" not in [c.name for c in client.containers.list(name="bad-skills")]
 
 
@@ -254,8 +260,11 @@ def test_deleting_what_a_container_uses(
     assert (vdir / "1").is_dir() and (vdir / "2").is_dir()
     client.containers.delete(user.id)
     assert not (vdir / "2").exists() and (vdir / "1").is_dir()  # the bystander still uses 1
+    assert not (layouts(server) / f"{reporter.id}.2").exists()
+    assert (layouts(server) / f"{reporter.id}.1").is_dir()
     client.containers.delete(bystander.id)
     assert not vdir.exists()
+    assert not (layouts(server) / f"{reporter.id}.1").exists()
 
 
 @pytest.fixture(scope="module")
@@ -281,10 +290,13 @@ def test_mounts_survive_a_restart_after_deletion(restartable: Any) -> None:
     (root / "staging" / "tmp-crash").mkdir()
     orphan = root / "versions" / "skill_orphan" / "1"
     orphan.mkdir(parents=True)
+    held_orphan = layouts(restartable) / "skill_orphan.1"  # and the runtime's copy of it
+    held_orphan.mkdir()
     restartable.kill()
     restartable.start()
     assert not (root / "staging" / "tmp-crash").exists()
     assert not orphan.parent.exists()
+    assert not held_orphan.exists()
     assert not (root / "versions" / gone.id).exists()
     assert (root / "versions" / skill.id / "1" / "files").is_dir()
     with httpx.Client(base_url=restartable.root_url, headers=auth, timeout=60) as h:
@@ -292,4 +304,4 @@ def test_mounts_survive_a_restart_after_deletion(restartable: Any) -> None:
         assert out[0]["stdout"] == "report for after-restart\n"
         assert h.delete(f"/v1/containers/{box.id}").status_code == 200
     assert not (root / "versions" / skill.id).exists()
-    assert not (root / "containers" / box.id).exists()
+    assert not (layouts(restartable) / f"{skill.id}.1").exists()

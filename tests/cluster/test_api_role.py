@@ -301,3 +301,64 @@ async def test_a_replica_that_stops_hands_the_reaper_over(cluster: Cluster) -> N
 
 async def _retrieved(replica: Replica, cid: str, status: str) -> bool:
     return (await replica.sdk.containers.retrieve(cid)).status == status
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+async def test_a_skill_uploaded_through_one_replica_mounts_through_the_other(
+    cluster: Cluster,
+) -> None:
+    import base64
+
+    a, b = cluster.a, cluster.b
+    bundle = _zip(
+        {
+            "greeter/SKILL.md": b"---\nname: greeter\ndescription: Greets.\n---\nSay hi.\n",
+            "greeter/hello.txt": b"hello from the skill\n",
+        }
+    )
+    skill = await a.sdk.skills.create(files=("greeter.zip", bundle, "application/zip"))
+    inline_zip = _zip({"tiny/SKILL.md": b"---\nname: tiny\ndescription: Tiny.\n---\nx\n"})
+    made = []
+    try:
+        for i in range(2):  # one on each node: each gets the skill from b's spool
+            c = await b.sdk.containers.create(
+                name=f"skilled{i}",
+                skills=[
+                    {"type": "skill_reference", "skill_id": skill.id},
+                    {
+                        "type": "inline",
+                        "name": "tiny",
+                        "description": "Tiny.",
+                        "source": {
+                            "type": "base64",
+                            "media_type": "application/zip",
+                            "data": base64.b64encode(inline_zip).decode(),
+                        },
+                    },
+                ],
+            )
+            made.append(c)
+        assert {cluster.node_of(c.id) for c in made} == {"node1", "node2"}
+        for c in made:
+            r = await shell(
+                a.http, c.id, "cat /mnt/skills/greeter/hello.txt /mnt/skills/tiny/SKILL.md"
+            )
+            assert stdout(r).startswith("hello from the skill\n---\nname: tiny")
+        content = await b.http.get(f"/v1/skills/{skill.id}/content")
+        assert content.status_code == 200 and content.content == bundle  # from the database
+    finally:
+        for c in made:
+            await a.sdk.containers.delete(c.id)
+        await b.sdk.skills.delete(skill.id)
+    with pytest.raises(openai.NotFoundError):
+        await a.sdk.skills.retrieve(skill.id)

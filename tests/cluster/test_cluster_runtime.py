@@ -66,7 +66,13 @@ async def nodes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Nodes
             heartbeat_s=3600,
         )
         await registrations[name].start()
-    cluster = ClusterRuntime(stores.nodes, lambda node: runtimes[node.name], node_timeout_s=3600)
+    spool = tmp_path_factory.mktemp("spool")
+    cluster = ClusterRuntime(
+        stores.nodes,
+        lambda node: runtimes[node.name],
+        node_timeout_s=3600,
+        spool_dir=spool / "skills",
+    )
     yield Nodes(stores, runtimes, registrations, cluster)
     for reg in registrations.values():
         await reg.stop()
@@ -151,7 +157,10 @@ async def test_a_container_needs_a_node_with_its_memory_free(nodes: Nodes) -> No
 def impatient(nodes: Nodes) -> ClusterRuntime:
     """A replica's runtime that takes a node silent for TIMEOUT_S for lost."""
     return ClusterRuntime(
-        nodes.stores.nodes, lambda node: nodes.runtimes[node.name], node_timeout_s=TIMEOUT_S
+        nodes.stores.nodes,
+        lambda node: nodes.runtimes[node.name],
+        node_timeout_s=TIMEOUT_S,
+        spool_dir=nodes.cluster.spool_dir.parent / "impatient",
     )
 
 

@@ -29,7 +29,7 @@ def pooled_allowlist_ids(es: EgressServer) -> set[str]:
     on_disk = set()
     for spec in (es.server.state_dir / "containers").glob("*/spec.json"):
         with contextlib.suppress(ValueError):  # one being written by the pool's filler
-            if json.loads(spec.read_text()).get("netns_path"):
+            if json.loads(spec.read_text()).get("network"):
                 on_disk.add(spec.parent.name)
     with es.http as http:
         listed = {c["id"] for c in http.get("/v1/containers", params={"limit": 100}).json()["data"]}

@@ -25,6 +25,7 @@ from shellbox.sandbox import (
     OciRuntime,
     OutputDelta,
     Runtime,
+    SkillMount,
 )
 
 
@@ -274,3 +275,69 @@ async def test_snapshot_fork_and_delete(rt: Runtime, box: str) -> None:
         assert await sh(rt, fork, "cat /mnt/data/state.txt") == "fork"
     finally:
         await rt.destroy(fork)
+
+
+# -- skills and files, by value ---------------------------------------------------------------
+
+
+def skill_tar(files: dict[str, bytes], *, executable: str = "") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            info.mode = 0o755 if name == executable else 0o600  # made readable by the runtime
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def test_skills_and_files_are_mounted_read_only_by_value(rt: Runtime) -> None:
+    key = f"skill_{new_id('t')}.1"
+    archive = skill_tar({"SKILL.md": b"# contract\n", "bin/run.sh": b"echo ran\n"},
+                        executable="bin/run.sh")  # fmt: skip
+    assert await rt.install_skill(key, body(archive))
+    assert key in await rt.skill_keys()
+
+    def never_read() -> Iterator[bytes]:
+        raise AssertionError("a key already held must not read its archive")
+        yield b""
+
+    assert not await rt.install_skill(key, never_read())  # idempotent, by key
+    cid = new_id("cntr_")
+    spec = ContainerSpec(
+        id=cid,
+        skills=(SkillMount(key, "/mnt/skills/contract"),),
+        files={"/mnt/skills/index.json": '{"data": ["contract"]}\n'},
+    )
+    await rt.create(spec)
+    try:
+        await rt.start(cid)
+        assert await sh(rt, cid, "cat /mnt/skills/contract/SKILL.md") == "# contract\n"
+        assert await sh(rt, cid, "/mnt/skills/contract/bin/run.sh") == "ran\n"
+        assert await sh(rt, cid, "cat /mnt/skills/index.json") == '{"data": ["contract"]}\n'
+        [write] = await rt.run(
+            cid,
+            ExecRequest(
+                ["touch /mnt/skills/contract/x || touch /mnt/skills/index.json"], 10_000, 1000
+            ),
+        )
+        assert write.outcome.exit_code != 0  # read-only, both
+    finally:
+        await rt.destroy(cid)
+    await rt.remove_skill(key)
+    assert key not in await rt.skill_keys()
+    await rt.remove_skill(key)  # idempotent
+
+
+async def test_a_skill_archive_may_not_reach_outside(rt: Runtime) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    key = f"skill_{new_id('t')}.1"
+    with pytest.raises(InvalidRequest):
+        await rt.install_skill(key, [buf.getvalue()])
+    assert key not in await rt.skill_keys()
+    with pytest.raises(InvalidRequest):
+        await rt.install_skill("../up", [b""])

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
+import re
+import secrets
+import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import anyio
 
 from shellbox.errors import (
     CapacityExceeded,
@@ -49,6 +56,8 @@ log = logging.getLogger("shellbox.cluster")
 # How a replica reaches a node: ``RemoteRuntime(node.url, cluster_key)`` in production.
 Connect = Callable[[NodeRecord], Runtime]
 INFO_TTL_S = 10.0  # how long describe() reuses what the nodes registered
+SKILL_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
+CHUNK = 1 << 16
 NO_INFO = RuntimeInfo(image_id="unknown", image_profile="unknown")
 
 
@@ -65,10 +74,19 @@ def unavailable(item: str, node: NodeRecord) -> NodeUnavailable:
 
 
 class ClusterRuntime:
-    def __init__(self, nodes: NodeStore, connect: Connect, *, node_timeout_s: float) -> None:
+    """``spool_dir``: where skills handed over (``install_skill``) wait for the node a
+    container is placed on (the skills feature installs them before the container is made,
+    so before its node is chosen); emptied at start."""
+
+    def __init__(
+        self, nodes: NodeStore, connect: Connect, *, node_timeout_s: float, spool_dir: Path
+    ) -> None:
         self.nodes = nodes
         self.connect = connect
         self.timeout_ms = int(node_timeout_s * 1000)
+        self.spool_dir = spool_dir
+        shutil.rmtree(spool_dir, ignore_errors=True)
+        spool_dir.mkdir(mode=0o700, parents=True)
         self._clients: dict[tuple[str, str], Runtime] = {}
         self._info = NO_INFO
         self._info_at = 0.0
@@ -128,6 +146,7 @@ class ClusterRuntime:
         node = self._place(spec.id, "container", MEMORY_LIMIT_BYTES[spec.memory_limit])
         client = self._client(node)
         try:
+            await self._hand_skills(client, spec)
             await client.create(spec)
         except BaseException:
             await self._undo(client, spec.id, "container")
@@ -144,13 +163,16 @@ class ClusterRuntime:
         )
         client = self._client(node)
         try:
+            await self._hand_skills(client, spec)
             await client.fork(spec, snapshot_id)
         except BaseException:
             await self._undo(client, spec.id, "container")
             raise
 
     async def update(self, spec: ContainerSpec) -> None:
-        await self._route(spec.id).update(spec)
+        client = self._route(spec.id)
+        await self._hand_skills(client, spec)
+        await client.update(spec)
 
     async def start(self, container_id: str) -> None:
         await self._route(container_id).start(container_id)
@@ -237,6 +259,56 @@ class ClusterRuntime:
         msg = "no sandbox node is available to read the sandbox image from"
         raise NodeUnavailable(msg)
 
+    # -- skills -------------------------------------------------------------------------------
+
+    def _spooled(self, key: str) -> Path:
+        if not SKILL_KEY.fullmatch(key):
+            msg = f"not a valid skill key: {key!r}"
+            raise ValueError(msg)
+        return self.spool_dir / key
+
+    async def install_skill(self, key: str, archive: ByteSource) -> bool:
+        """Keep the archive here until a container that mounts it is placed (keys are
+        content-addressed: one spooled already is kept, and ``archive`` is not read)."""
+        path = self._spooled(key)
+        if path.exists():
+            return False
+        tmp = self.spool_dir / f".{key}.{secrets.token_hex(4)}"
+        try:
+            if isinstance(archive, AsyncIterable):
+                async with await anyio.open_file(tmp, "wb") as out:
+                    async for chunk in archive:
+                        await out.write(chunk)
+            else:
+                await anyio.to_thread.run_sync(_write_all, tmp, archive)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    async def _hand_skills(self, client: Runtime, spec: ContainerSpec) -> None:
+        """Give the container's node the skills it mounts (a node that holds one already
+        reads nothing of it)."""
+        for mount in spec.skills:
+            path = self._spooled(mount.key)
+            if path.exists():
+                await client.install_skill(mount.key, _read_all(path))
+
+    async def skill_keys(self) -> builtins.list[str]:
+        keys = {p.name for p in self.spool_dir.iterdir() if not p.name.startswith(".")}
+        for node in self.nodes.all():
+            if node.available(self.timeout_ms):
+                keys.update(await self._client(node).skill_keys())
+        return sorted(keys)
+
+    async def remove_skill(self, key: str) -> None:
+        """From here and from every available node (a lost one keeps it: harmless, the
+        skills feature removes it again from the keys it lists once the node is back)."""
+        self._spooled(key).unlink(missing_ok=True)
+        for node in self.nodes.all():
+            if node.available(self.timeout_ms):
+                await self._client(node).remove_skill(key)
+
     # -- commands -----------------------------------------------------------------------------
 
     async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
@@ -302,6 +374,18 @@ class ClusterRuntime:
 
     async def sweep_uploads(self, container_id: str) -> int:
         return await self._route(container_id).sweep_uploads(container_id)
+
+
+def _write_all(path: Path, chunks: Iterable[bytes]) -> None:
+    with open(path, "wb") as out:
+        for chunk in chunks:
+            out.write(chunk)
+
+
+def _read_all(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while data := f.read(CHUNK):
+            yield data
 
 
 def _refusal(refused: Refused, memory_bytes: int, on: str | None) -> ShellboxError:

@@ -15,12 +15,17 @@ from shellbox.sandbox.base import (
     ExecRequest,
     FileInfo,
     Mount,
+    NetworkAttachment,
+    NetworkSpec,
     Outcome,
     OutputDelta,
     PatchResult,
     Runtime,
     RuntimeInfo,
     SandboxInfo,
+    SandboxNetwork,
+    SecretInjection,
+    SkillMount,
 )
 from shellbox.sandbox.crun import OciRuntime
 from shellbox.sandbox.idmap import UidRanges
@@ -38,6 +43,8 @@ __all__ = [
     "ExecRequest",
     "FileInfo",
     "Mount",
+    "NetworkAttachment",
+    "NetworkSpec",
     "OciRuntime",
     "Outcome",
     "OutputDelta",
@@ -45,14 +52,20 @@ __all__ = [
     "Runtime",
     "RuntimeInfo",
     "SandboxInfo",
+    "SandboxNetwork",
+    "SecretInjection",
+    "SkillMount",
     "create_runtime",
     "storage_config",
     "uid_ranges",
 ]
 
 
-def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRuntime:
-    """The runtime the settings ask for, building the sandbox image first if it is missing."""
+def create_runtime(
+    settings: Settings, *, out: TextIO | None = None, network: SandboxNetwork | None = None
+) -> OciRuntime:
+    """The runtime the settings ask for, building the sandbox image first if it is missing;
+    ``network`` serves its containers that have a ``NetworkSpec`` (egress)."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     image = ensure_image(
         settings.image_dir(), settings.runtime.image_profile, out=out or sys.stderr
@@ -64,6 +77,7 @@ def create_runtime(settings: Settings, *, out: TextIO | None = None) -> OciRunti
         seccomp=settings.runtime.seccomp,
         storage_config=storage_config(settings),
         uid_ranges=uid_ranges(settings),
+        network=network,
     )
 
 

@@ -36,11 +36,51 @@ RecoveryAction = Literal["adopted", "restarted", "paused", "failed"]
 
 @dataclass(frozen=True)
 class Mount:
-    """An extra read-only bind mount (skills, CA bundles)."""
+    """A bind mount of a path on the runtime's own machine. Only the driver and its
+    collaborators make these (the egress network's CA bundles, a test's extra mount); the
+    service layer names what it wants by value (``skills``, ``files``, ``network``), so a
+    remote runtime never receives a path of another machine."""
 
     source: Path
     destination: str
     read_only: bool = True
+
+
+@dataclass(frozen=True)
+class SkillMount:
+    """A skill the runtime holds (``Runtime.install_skill``), mounted read-only."""
+
+    key: str  # as installed: content-addressed by the skill version (or inline skill)
+    destination: str  # absolute, in the container (``/mnt/skills/<name>``)
+
+
+@dataclass(frozen=True)
+class SecretInjection:
+    """A secret the egress proxy puts in place of its placeholder, for one domain glob."""
+
+    domain: str
+    placeholder: str  # what the container sees (its environment holds it)
+    value: str = field(repr=False)  # never in a repr, hence never in a log line
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """An allowlist network: the container reaches the outside only through the egress
+    proxy of the runtime's machine, to these domains, with these secrets injected. No
+    ``allowed_domains``: a namespace of its own that reaches nothing yet (a pooled one)."""
+
+    allowed_domains: tuple[str, ...] = ()
+    secrets: tuple[SecretInjection, ...] = ()
+
+
+@dataclass(frozen=True)
+class NetworkAttachment:
+    """What a ``SandboxNetwork`` gives a container: its namespace, the proxy's variables,
+    and the files it mounts (paths on the runtime's own machine)."""
+
+    netns_path: str
+    env: Mapping[str, str]
+    mounts: tuple[Mount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,9 +94,14 @@ class ContainerSpec:
     tmp_size_mb: int = 512
     disk_limit_bytes: int = DEFAULT_DISK_LIMIT  # upper layer and /mnt/data together
     env: Mapping[str, str] = field(default_factory=dict)
-    mounts: tuple[Mount, ...] = ()
-    netns_path: str | None = None  # join this network namespace; None: a private loopback-only one
+    skills: tuple[SkillMount, ...] = ()
+    # Read-only single files, by value: destination in the container -> text (a skill index).
+    files: Mapping[str, str] = field(default_factory=dict)
+    # None: a private namespace with loopback only. Holds secrets: they go to the runtime's
+    # ``SandboxNetwork`` (which keeps them sealed); the driver's copy of the spec has none.
+    network: NetworkSpec | None = None
     hosts: Mapping[str, str] = field(default_factory=dict)  # extra /etc/hosts lines
+    mounts: tuple[Mount, ...] = ()  # the driver's own (tests): never from the service layer
 
 
 @dataclass(frozen=True)
@@ -157,6 +202,28 @@ class RuntimeInfo:
 ByteSource = Iterable[bytes] | AsyncIterable[bytes]
 
 
+class SandboxNetwork(Protocol):
+    """The driver's collaborator for containers with a ``NetworkSpec`` (the egress feature's
+    namespaces and proxy, on the runtime's machine), injected into the driver by the
+    composition root."""
+
+    async def attach(
+        self, container_id: str, network: NetworkSpec | None, image_rootfs: Path
+    ) -> NetworkAttachment:
+        """Give the container its namespace (the one it had, after a restart), and tell the
+        proxy its policy; idempotent, and a changed policy applies at once. ``network``
+        None: the policy it was given last (the driver keeps no secret value itself: they
+        are the network's to keep, sealed)."""
+        ...
+
+    def env(self, container_id: str) -> Mapping[str, str]:
+        """The proxy variables of an attached container (empty if it has none)."""
+        ...
+
+    async def detach(self, container_id: str) -> None:
+        """Forget the container's policy and tear its namespace down; idempotent."""
+
+
 class Runtime(Protocol):
     """Creates, runs and removes sandbox containers, and reads and writes their files. All
     methods are safe to call concurrently for different containers.
@@ -228,6 +295,21 @@ class Runtime(Protocol):
     async def image_file(self, path: str) -> bytes | None:
         """The bytes of an absolute ``path`` in the sandbox image (None: no such file)."""
         ...
+
+    # -- skills (read-only trees the runtime keeps; ``ContainerSpec.skills`` mounts them) ---
+
+    async def install_skill(self, key: str, archive: ByteSource) -> bool:
+        """Keep a skill's files (``archive``: a tar of them) under ``key``; idempotent and
+        content-addressed: a key already held is kept and ``archive`` is not read. Returns
+        whether it was installed now."""
+        ...
+
+    async def skill_keys(self) -> builtins.list[str]:
+        """Every skill key this runtime holds."""
+        ...
+
+    async def remove_skill(self, key: str) -> None:
+        """Remove a skill's files (the containers that mount it are gone); idempotent."""
 
     # -- commands -------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 Disk layout under the state directory, per container ``<state>/containers/<id>/``:
 
-    spec.json   the ContainerSpec, to recreate the bundle after a restart
+    spec.json   the ContainerSpec, to recreate the bundle after a restart (0600; a network's
+                secret values left out: its ``SandboxNetwork`` keeps them, sealed)
+    files/      the spec's read-only files by value (a skill index), written at each start
     config.json the OCI bundle config (rewritten at every start)
     rootfs/     the overlay mount point (mounted only inside the container's namespace)
     agent.log   the agent's stdout/stderr
@@ -70,6 +72,8 @@ from importlib.util import cache_from_source
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import anyio
+
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol
 from shellbox.errors import (
@@ -92,18 +96,24 @@ from shellbox.sandbox.base import (
     ExecRequest,
     FileInfo,
     Mount,
+    NetworkAttachment,
+    NetworkSpec,
     Outcome,
     PatchResult,
     RecoveryAction,
     Runtime,
     RuntimeInfo,
     SandboxInfo,
+    SandboxNetwork,
     SandboxState,
+    SecretInjection,
+    SkillMount,
     SnapshotTaken,
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
-from shellbox.sandbox.host_files import HostFiles
+from shellbox.sandbox.host_files import HostFiles, sync_chunks
 from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
+from shellbox.sandbox.skill_layouts import SkillLayouts, check_key
 
 log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
@@ -168,8 +178,12 @@ class OciRuntime:
         sandbox_env: dict[str, str] | None = None,
         storage_config: storage.StorageConfig | None = None,
         uid_ranges: idmap.UidRanges | None = None,
+        network: SandboxNetwork | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        # Namespaces and the egress proxy for containers with a ``NetworkSpec`` (None: such
+        # containers are refused).
+        self.network = network
         self.uid_ranges = uid_ranges or idmap.UidRanges()
         self.uid_ranges.check_host()
         self._uid_bases: dict[str, int] = {}
@@ -219,6 +233,8 @@ class OciRuntime:
         self.files = HostFiles(
             self.data_dir, lambda cid: self.host_uid(cid, oci.SANDBOX_UID), self.run
         )
+        self.skills = SkillLayouts(self.state_dir / "skill-layouts")
+        self.skills.clear_staging()  # what an install cut short by a crash left
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -403,8 +419,10 @@ class OciRuntime:
         os.chown(disk / "data", sandbox_uid, sandbox_uid)
         os.chmod(disk / "data", 0o755)
         self._disk_dirs[spec.id] = disk
-        (cdir / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
+        _write_spec(cdir, spec)
         self._spec_env.pop(spec.id, None)
+        if spec.network is not None:  # its namespace is taken now, as the pool's containers'
+            await self._attach(spec.id, spec, spec.network)
 
     def load_spec(self, container_id: str) -> ContainerSpec:
         path = self.container_dir(container_id) / "spec.json"
@@ -413,20 +431,30 @@ class OciRuntime:
         except FileNotFoundError:
             msg = f"no such container: {container_id}"
             raise ContainerNotFound(msg) from None
-        return _spec_from_json(raw)
+        return spec_from_json(raw)
 
     async def update(self, spec: ContainerSpec) -> None:
         """Replace the stored spec (used on the next start); a new disk limit applies now,
         ``env`` from the next command (it is handed to each command, not to the container)."""
         self._spec_env.pop(spec.id, None)
-        if self.load_spec(spec.id).disk_limit_bytes != spec.disk_limit_bytes:
+        old = self.load_spec(spec.id)
+        if old.disk_limit_bytes != spec.disk_limit_bytes:
             self.storage.set_limit(spec.id, spec.disk_limit_bytes)
-        (self.container_dir(spec.id) / "spec.json").write_text(json.dumps(_spec_to_json(spec)))
+        _write_spec(self.container_dir(spec.id), spec)
+        if spec.network != old.network:  # a policy applies at once (a pooled one taken)
+            # (``old`` has no secret values: any network with secrets is given again)
+            if spec.network is not None:
+                await self._attach(spec.id, spec, spec.network)
+            elif self.network is not None:
+                await self.network.detach(spec.id)
 
     async def start(self, container_id: str) -> None:
         """Start the container, or adopt it when it already runs and its agent answers in
         this protocol version (one started by another shellbox version is started again)."""
         async with self._lock(container_id):
+            spec = self.load_spec(container_id)
+            # An adopted container too: after a restart its proxy and policy are not up yet.
+            attachment = await self._attach(container_id, spec)
             state = await self.state(container_id)
             if state == "running":
                 try:
@@ -438,10 +466,49 @@ class OciRuntime:
                     pass
             if state != "absent":
                 await self._remove_oci(container_id)
-            await self._start(container_id)
+            await self._start(spec, attachment)
 
-    async def _start(self, container_id: str) -> None:
-        spec = self.load_spec(container_id)
+    async def _attach(
+        self, container_id: str, spec: ContainerSpec, given: NetworkSpec | None = None
+    ) -> NetworkAttachment | None:
+        """The container's network, if it has one: ``given`` (a new policy), else the one it
+        was given last."""
+        if spec.network is None:
+            return None
+        if self.network is None:
+            msg = f"container {container_id} has a network policy, and this runtime no network"
+            raise SandboxError(msg)
+        attachment = await self.network.attach(container_id, given, self.image_rootfs)
+        self._spec_env.pop(container_id, None)
+        return attachment
+
+    def _mounts(
+        self, spec: ContainerSpec, cdir: Path, attachment: NetworkAttachment | None
+    ) -> tuple[Mount, ...]:
+        """The spec's mounts, its skills and files (by value) and its network's, as host paths."""
+        mounts = list(spec.mounts)
+        for skill in spec.skills:
+            source = self.skills.path(skill.key)
+            if not source.is_dir():
+                msg = f"skill {skill.key} is not installed on this runtime"
+                raise SandboxError(msg)
+            mounts.append(Mount(source, skill.destination))
+        files_dir = cdir / "files"
+        shutil.rmtree(files_dir, ignore_errors=True)
+        if spec.files:
+            files_dir.mkdir()
+            os.chmod(files_dir, 0o711)
+            for i, (destination, text) in enumerate(sorted(spec.files.items())):
+                path = files_dir / str(i)
+                path.write_text(text)
+                os.chmod(path, 0o644)
+                mounts.append(Mount(path, destination))
+        if attachment is not None:
+            mounts.extend(attachment.mounts)
+        return tuple(mounts)
+
+    async def _start(self, spec: ContainerSpec, attachment: NetworkAttachment | None) -> None:
+        container_id = spec.id
         cdir = self.container_dir(container_id)
         disk = self.disk_dir(container_id)
         sock_dir = self.socket_dir(container_id)
@@ -459,7 +526,7 @@ class OciRuntime:
             hosts_file.write_text(oci.hosts_file_text(spec.hosts))
             os.chmod(hosts_file, 0o644)
         config = oci.build_config(
-            spec,
+            dataclasses.replace(spec, mounts=self._mounts(spec, cdir, attachment)),
             rootfs=cdir / "rootfs",
             data_dir=disk / "data",
             run_dir=sock_dir,
@@ -469,6 +536,7 @@ class OciRuntime:
             seccomp=self.seccomp,
             seccomp_bpf=self._seccomp_bpf,
             hosts_file=hosts_file,
+            netns_path=attachment.netns_path if attachment is not None else None,
         )
         (cdir / "config.json").write_text(json.dumps(config))
         rootfs = str(cdir / "rootfs")
@@ -531,6 +599,9 @@ class OciRuntime:
         await asyncio.to_thread(self._freeze, container_id, True)
 
     async def resume(self, container_id: str) -> None:
+        # A container frozen across a restart finds its proxy and policy up again.
+        with contextlib.suppress(ContainerNotFound):
+            await self._attach(container_id, self.load_spec(container_id))
         await asyncio.to_thread(self._freeze, container_id, False)
 
     def _freeze(self, container_id: str, frozen: bool) -> None:
@@ -592,6 +663,8 @@ class OciRuntime:
             if base is not None:  # after the files it owns are gone
                 self.uid_ranges.release(base, cdir)
             shutil.rmtree(self.socket_dir(container_id), ignore_errors=True)
+            if self.network is not None:
+                await self.network.detach(container_id)
         self._locks.pop(container_id, None)
         self._uid_bases.pop(container_id, None)
         self._spec_env.pop(container_id, None)
@@ -733,6 +806,20 @@ class OciRuntime:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
+    # -- skills (``skill_layouts.py``) ------------------------------------------------------
+
+    async def install_skill(self, key: str, archive: ByteSource) -> bool:
+        if self.skills.has(key):  # (``has`` checks the key)
+            return False
+        return await anyio.to_thread.run_sync(self.skills.install, key, sync_chunks(archive))
+
+    async def skill_keys(self) -> builtins.list[str]:
+        return await asyncio.to_thread(self.skills.keys)
+
+    async def remove_skill(self, key: str) -> None:
+        check_key(key)
+        await asyncio.to_thread(self.skills.remove, key)
+
     # -- files (``host_files.py``) ----------------------------------------------------------
 
     async def read_file(
@@ -860,9 +947,16 @@ class OciRuntime:
         spec_env = self._spec_env.get(container_id)
         if spec_env is None:
             try:
-                spec_env = self._spec_env[container_id] = dict(self.load_spec(container_id).env)
+                spec = self.load_spec(container_id)
             except ContainerNotFound:
                 spec_env = {}
+            else:
+                network = (
+                    self.network.env(container_id)
+                    if spec.network is not None and self.network is not None
+                    else {}
+                )
+                spec_env = self._spec_env[container_id] = {**network, **spec.env}
         return {**self.base_env, **spec_env}
 
     async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
@@ -1007,23 +1101,54 @@ def _tail(path: Path, limit: int = 800) -> str:
         return ""
 
 
-def _spec_to_json(spec: ContainerSpec) -> dict[str, Any]:
+def _write_spec(cdir: Path, spec: ContainerSpec) -> None:
+    """Replace ``spec.json``, root's only, without the network's secret values (its
+    ``SandboxNetwork`` keeps them, sealed)."""
+    if spec.network is not None:
+        secrets = tuple(dataclasses.replace(s, value="") for s in spec.network.secrets)
+        spec = dataclasses.replace(spec, network=dataclasses.replace(spec.network, secrets=secrets))
+    path = cdir / "spec.json"
+    tmp = cdir / ".spec.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(json.dumps(spec_to_json(spec)))
+    os.replace(tmp, path)
+
+
+def spec_to_json(spec: ContainerSpec) -> dict[str, Any]:
     raw = dataclasses.asdict(spec)
     raw["mounts"] = [
         {"source": str(m.source), "destination": m.destination, "read_only": m.read_only}
         for m in spec.mounts
     ]
     raw["env"] = dict(spec.env)
+    raw["files"] = dict(spec.files)
     raw["hosts"] = dict(spec.hosts)
     return raw
 
 
-def _spec_from_json(raw: dict[str, Any]) -> ContainerSpec:
+def spec_from_json(raw: dict[str, Any]) -> ContainerSpec:
+    raw = dict(raw)
     mounts = tuple(
         Mount(Path(m["source"]), m["destination"], m.get("read_only", True))
         for m in raw.pop("mounts", [])
     )
-    return ContainerSpec(**raw, mounts=mounts)
+    skills = tuple(SkillMount(s["key"], s["destination"]) for s in raw.pop("skills", []))
+    net = raw.pop("network", None)
+    network = None
+    if net is not None:
+        network = NetworkSpec(
+            tuple(net.get("allowed_domains", ())),
+            tuple(
+                SecretInjection(s["domain"], s["placeholder"], s["value"])
+                for s in net.get("secrets", ())
+            ),
+        )
+    # A spec written before networks were by value named a namespace of the old server's
+    # egress slots, which it no longer holds: the container starts with loopback only.
+    raw.pop("netns_path", None)
+    return ContainerSpec(**raw, mounts=mounts, skills=skills, network=network)
 
 
 if TYPE_CHECKING:  # mypy checks that the driver is a whole ``Runtime``

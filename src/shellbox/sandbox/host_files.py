@@ -79,7 +79,7 @@ def _pull(chunks: AsyncIterable[bytes]) -> Iterator[bytes]:
             yield data
 
 
-def _sync_chunks(chunks: ByteSource) -> Iterator[bytes]:
+def sync_chunks(chunks: ByteSource) -> Iterator[bytes]:
     """The body as a plain iterator, for the worker thread that writes it."""
     if isinstance(chunks, AsyncIterable):
         return _pull(chunks)
@@ -131,7 +131,7 @@ class HostFiles:
 
         def write() -> tuple[str, int]:
             target = fs.resolve(root, rel, param=param) if follow_links else rel
-            return target, fs.write_file(root, target, _sync_chunks(chunks), uid=uid, param=param)
+            return target, fs.write_file(root, target, sync_chunks(chunks), uid=uid, param=param)
 
         return await anyio.to_thread.run_sync(write)
 

@@ -46,9 +46,13 @@ def build_config(
     seccomp: Mapping[str, Any] | None,
     seccomp_bpf: bytes | None = None,
     hosts_file: Path | None = None,
+    netns_path: str | None = None,
 ) -> dict[str, Any]:
     """The bundle's ``config.json``. ``seccomp_bpf``, crun only: the profile already compiled
-    (crun compiles the JSON profile on every start, ~25 ms here; see ``crun.py``)."""
+    (crun compiles the JSON profile on every start, ~25 ms here; see ``crun.py``).
+    ``spec.mounts`` are bound as they are (the driver has put the skills, the files and the
+    network's mounts there); ``netns_path``: the network namespace to join (None: a private
+    one with loopback only)."""
     memory = MEMORY_LIMIT_BYTES[spec.memory_limit]
     period = 100_000
     mounts: list[dict[str, Any]] = [
@@ -121,8 +125,8 @@ def build_config(
         {"type": "user"},
         {"type": "cgroup"},
     ]
-    if spec.netns_path:
-        namespaces.append({"type": "network", "path": spec.netns_path})
+    if netns_path:
+        namespaces.append({"type": "network", "path": netns_path})
     else:
         namespaces.append({"type": "network"})
     env = [

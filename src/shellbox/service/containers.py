@@ -30,7 +30,7 @@ from shellbox.errors import (
 from shellbox.features import ContainerFeature, PolicyType, Provisioned
 from shellbox.features import CreateContainer as CreateContainer  # (re-exported: api, responses)
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, Runtime
+from shellbox.sandbox import ContainerSpec, NetworkSpec, Runtime
 from shellbox.sandbox.base import MEMORY_LIMIT_BYTES, MemoryLimit
 from shellbox.sandbox.warm_pool import WarmPool
 from shellbox.service.models import ContainerRecord, ContainerStatus, Principal
@@ -229,8 +229,9 @@ class ContainerService:
                 tmp_size_mb=rs.tmp_size_mb,
                 disk_limit_bytes=self.settings.disk_limit_bytes(),
                 env=prov.env,
-                mounts=tuple(prov.mounts),
-                netns_path=prov.netns_path,
+                skills=tuple(prov.skill_mounts),
+                files=prov.files,
+                network=prov.network,
                 hosts=prov.hosts,
             )
             if pooled is not None and not _fits(pooled, spec):
@@ -658,8 +659,12 @@ def default_spec(settings: Settings, cid: str) -> ContainerSpec:
 
 def _fits(pooled: ContainerSpec, wanted: ContainerSpec) -> bool:
     """Whether a pooled container can serve as ``wanted``: the same spec but for ``env``,
-    which the runtime hands to each command rather than to the container at start, and the
-    disk limit, which ``Runtime.update`` changes on the spot."""
-    return dataclasses.replace(pooled, env={}, disk_limit_bytes=0) == dataclasses.replace(
-        wanted, env={}, disk_limit_bytes=0
-    )
+    which the runtime hands to each command rather than to the container at start, the disk
+    limit, and a network's policy, which ``Runtime.update`` changes on the spot (a container
+    with a network is pooled in a namespace of its own that reaches nothing yet)."""
+
+    def shape(spec: ContainerSpec) -> ContainerSpec:
+        network = NetworkSpec() if spec.network is not None else None
+        return dataclasses.replace(spec, env={}, disk_limit_bytes=0, network=network)
+
+    return shape(pooled) == shape(wanted)

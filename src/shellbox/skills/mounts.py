@@ -1,13 +1,17 @@
 """Skills inside containers: the provisioning hook, the index, and collecting unused files.
 
-A container's ``skills`` (``skill_reference`` and ``inline`` entries) become read-only bind
-mounts at ``/mnt/skills/<name>/`` plus ``/mnt/skills/index.json`` listing them. A referenced
-version is unpacked once (at upload) and shared by every container that mounts it; an inline
-skill is unpacked for its container alone and removed with it.
+A container's ``skills`` (``skill_reference`` and ``inline`` entries) become read-only mounts
+at ``/mnt/skills/<name>/`` plus ``/mnt/skills/index.json`` listing them, all by value: each
+skill is handed to the runtime as a tar (``Runtime.install_skill``) under a key, and the
+container's spec names the keys and the index's text. A referenced version is installed once
+per runtime (key ``<skill id>.<version>``) and shared by every container that mounts it; an
+inline skill is installed for its container alone (``inline.<container>.<name>``) and
+removed with it. Nothing here knows where the runtime keeps them, or on which machine.
 
-An unpacked version is removed only when both its database row is gone (deleted through the
-API) and no living container (running or sleeping, or being created right now) mounts it:
-deleting a skill never pulls the floor from under a container that uses it.
+A version's files (here and in the runtime) are removed only when both its database row is
+gone (deleted through the API) and no living container (running or sleeping, or being
+created right now) mounts it: deleting a skill never pulls the floor from under a container
+that uses it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ import contextlib
 import io
 import json
 import logging
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,7 +32,8 @@ import anyio
 from shellbox.errors import InvalidRequest, ShellboxError
 from shellbox.features import ContainerFeature, CreateContainer, Provisioned
 from shellbox.principal import Principal
-from shellbox.sandbox import Mount
+from shellbox.sandbox import Runtime, SkillMount
+from shellbox.skills.archive import tar_chunks
 from shellbox.skills.bundle import MAX_DESCRIPTION, Caps, check_name, unpack_zip
 from shellbox.skills.models import SkillVersionRecord, parse_version
 from shellbox.skills.paths import SkillPaths, remove
@@ -41,6 +45,16 @@ MOUNT_ROOT = "/mnt/skills"
 INDEX = f"{MOUNT_ROOT}/index.json"
 
 VersionKey = tuple[str, int]  # (skill id, version number)
+INLINE = "inline"  # the first part of an inline skill's runtime key
+
+
+def runtime_key(key: VersionKey) -> str:
+    """What the runtime holds a referenced version as."""
+    return f"{key[0]}.{key[1]}"
+
+
+def inline_key(cid: str, name: str) -> str:
+    return f"{INLINE}.{cid}.{name}"
 
 
 @dataclass(frozen=True)
@@ -110,8 +124,14 @@ class SkillMounts(ContainerFeature):
         caps: Caps,
         max_per_container: int,
         resolve: Resolve,
+        runtime: Runtime,
+        fetch: Callable[[str, int], Awaitable[None]] | None = None,
     ) -> None:
         self.resolve = resolve  # ``SkillService.resolve``
+        self.runtime = runtime
+        # API replicas: ``SkillService.fetch``, which makes a version's files here from the
+        # bundle another replica stored in the database.
+        self.fetch = fetch
         self.paths = paths
         self.skills = skills
         self.containers = container_rows
@@ -160,30 +180,33 @@ class SkillMounts(ContainerFeature):
             (p.version.skill_id, p.version.version) for p in plans if isinstance(p, _Reference)
         }
         try:
-            entries, mounts = await anyio.to_thread.run_sync(partial(self._lay_out, cid, plans))
+            entries, skill_mounts = await self._install(cid, plans)
         except BaseException:
             self._pending.pop(cid, None)
-            await anyio.to_thread.run_sync(remove, self.paths.container_dir(cid))
+            await self._remove_inline(cid, [p.name for p in plans if isinstance(p, _Inline)])
             raise
         prov.skills = entries
-        prov.mounts.extend(mounts)
+        prov.skill_mounts.extend(skill_mounts)
+        prov.files[INDEX] = json.dumps(index_document(entries), indent=2) + "\n"
 
-    def _lay_out(
+    async def _install(
         self, cid: str, plans: list[_Reference | _Inline]
-    ) -> tuple[list[dict[str, Any]], list[Mount]]:
-        cdir = self.paths.container_dir(cid)
-        cdir.mkdir()
-        os.chmod(cdir, 0o711)
+    ) -> tuple[list[dict[str, Any]], list[SkillMount]]:
         entries: list[dict[str, Any]] = []
-        mounts: list[Mount] = []
+        skill_mounts: list[SkillMount] = []
         for plan in plans:
             path = f"{MOUNT_ROOT}/{plan.name}"
             if isinstance(plan, _Reference):
                 v = plan.version
                 source = self.paths.files(v.skill_id, v.version)
+                if not source.is_dir() and self.fetch is not None:
+                    await self.fetch(v.skill_id, v.version)  # uploaded through another replica
                 if not source.is_dir():
                     msg = f"the files of skill {v.skill_id} version {v.version} are missing"
                     raise ShellboxError(msg)
+                key = runtime_key((v.skill_id, v.version))
+                # (read only if the runtime lacks it: the tar is made as it is read)
+                await self.runtime.install_skill(key, tar_chunks(source))
                 entries.append(
                     {
                         "type": "skill_reference",
@@ -195,13 +218,23 @@ class SkillMounts(ContainerFeature):
                     }
                 )
             else:
-                inline_dir = cdir / "inline"
-                inline_dir.mkdir(exist_ok=True)
-                os.chmod(inline_dir, 0o711)
-                source = inline_dir / plan.name
-                unpack_zip(
-                    io.BytesIO(plan.data), len(plan.data), source, self.caps, param=plan.param
-                )
+                key = inline_key(cid, plan.name)
+                staged = self.paths.new_staging()
+                try:
+                    tree = staged / "files"
+                    await anyio.to_thread.run_sync(
+                        partial(
+                            unpack_zip,
+                            io.BytesIO(plan.data),
+                            len(plan.data),
+                            tree,
+                            self.caps,
+                            param=plan.param,
+                        )
+                    )
+                    await self.runtime.install_skill(key, tar_chunks(tree))
+                finally:
+                    await anyio.to_thread.run_sync(remove, staged)
                 entries.append(
                     {
                         "type": "inline",
@@ -212,12 +245,12 @@ class SkillMounts(ContainerFeature):
                         "path": path,
                     }
                 )
-            mounts.append(Mount(source, path, read_only=True))
-        index = cdir / "index.json"
-        index.write_text(json.dumps(index_document(entries), indent=2) + "\n")
-        os.chmod(index, 0o644)
-        mounts.append(Mount(index, INDEX, read_only=True))
-        return entries, mounts
+            skill_mounts.append(SkillMount(key, path))
+        return entries, skill_mounts
+
+    async def _remove_inline(self, cid: str, names: Iterable[str]) -> None:
+        for name in names:
+            await self.runtime.remove_skill(inline_key(cid, name))
 
     async def before_start(self, record: ContainerRecord) -> None:
         # The container's row (with its skills) is in the database now; it speaks for them.
@@ -225,6 +258,9 @@ class SkillMounts(ContainerFeature):
 
     async def release(self, record: ContainerRecord) -> None:
         self._pending.pop(record.id, None)
+        inline = [e["name"] for e in record.skills or [] if e.get("type") == "inline"]
+        await self._remove_inline(record.id, inline)
+        # (made by servers before skills crossed to the runtime by value)
         await anyio.to_thread.run_sync(remove, self.paths.container_dir(record.id))
         await self.collect(_references(record.skills), ending=record.id)
 
@@ -253,6 +289,7 @@ class SkillMounts(ContainerFeature):
             return
         doomed = candidates - self._existing(candidates) - self._in_use(ending)
         for skill_id, number in sorted(doomed):
+            await self.runtime.remove_skill(runtime_key((skill_id, number)))
             await anyio.to_thread.run_sync(remove, self.paths.version_dir(skill_id, number))
             with contextlib.suppress(OSError):  # the last version of a deleted skill
                 self.paths.skill_dir(skill_id).rmdir()
@@ -277,6 +314,19 @@ class SkillMounts(ContainerFeature):
         for cdir in list(paths.containers.iterdir()):
             if cdir.name not in live:
                 await anyio.to_thread.run_sync(remove, cdir)
+        # What the runtime holds that nothing needs: inline skills of containers that ended,
+        # versions gone from here (deleted while this server was down).
+        held: set[VersionKey] = set()
+        for key in await self.runtime.skill_keys():
+            first, _, rest = key.partition(".")
+            if first == INLINE:
+                if rest.partition(".")[0] not in live:
+                    await self.runtime.remove_skill(key)
+            elif rest.isdigit():
+                held.add((first, int(rest)))
+        gone = held - self._existing(held) - self._in_use(None)
+        for version in sorted(gone):
+            await self.runtime.remove_skill(runtime_key(version))
 
 
 def index_document(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from shellbox.errors import (
     ContainerNotFound,
     ContainerNotRunning,
     InvalidRequest,
+    NodeUnavailable,
     QuotaExceeded,
     SandboxError,
     SnapshotNotFound,
@@ -557,6 +558,8 @@ class ContainerService:
                         await self._end(record, "expired", idle_since=seen)
                     else:
                         await self._sleep(record, idle_since=seen)
+            except NodeUnavailable as exc:  # it stays as it is until its node is back
+                log.warning("reaper: %s", exc)
             except Exception:
                 log.exception("reaper failed on container %s", record.id)
         for feature in self.features:

@@ -1,4 +1,4 @@
-"""The ``shellbox`` command: serve, run, image, keys, db, patch."""
+"""The ``shellbox`` command: serve, node, run, image, keys, db, patch."""
 
 from __future__ import annotations
 
@@ -218,6 +218,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        msg = f"--listen {value!r} must be HOST:PORT"
+        raise argparse.ArgumentTypeError(msg)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from shellbox.node import build_node, node_info
+    from shellbox.sandbox.remote import load_cluster_key
+
+    host, port = args.listen
+    settings = _settings(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        key = load_cluster_key(Path(args.cluster_key_file))
+    except ShellboxError as exc:
+        print(f"shellbox node: {exc}", file=sys.stderr)
+        return 2
+    info = node_info(args.name, args.advertise, host, port)
+    node = build_node(settings, key, info)  # builds the image first if it is missing
+    logging.getLogger("shellbox.node").info(
+        "node %s serving its runtime on %s:%d (advertised as %s)",
+        info.name, host, port, info.advertise_url,
+    )  # fmt: skip
+    uvicorn.run(node.app, host=host, port=port, log_level="warning", access_log=False)
+    return 0
+
+
 ADMIN_PROJECT = "admin"  # the project of an admin key made without --project
 
 
@@ -388,6 +422,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster-key-file", metavar="FILE", help="the key replicas present to nodes (0600)"
     )
     serve.set_defaults(func=cmd_serve)
+
+    node = sub.add_parser("node", help="run this machine's sandboxes for API servers (a node)")
+    _add_common(node)
+    node.add_argument(
+        "--listen", type=_listen, required=True, help="HOST:PORT to serve the runtime on"
+    )
+    node.add_argument(
+        "--cluster-key-file", required=True, help="the key API servers present (a 0600 file)"
+    )
+    node.add_argument("--database-url", help="where egress audit rows go (default: SQLite here)")
+    node.add_argument("--advertise", help="the URL API servers reach this node at")
+    node.add_argument("--name", help="this node's name in the cluster (default: hostname)")
+    node.set_defaults(func=cmd_node)
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

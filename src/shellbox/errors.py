@@ -23,7 +23,7 @@ envelope ``{"error": {"message", "type", "param", "code"}}``.
     ├── ServerBusy (429, retried): in-flight request bodies fill the server's memory budget
     ├── SnapshotsUnavailable (501): the server's storage has no copy-on-write snapshots
     ├── UpstreamError (502)
-    ├── NodeUnavailable (503, retried): the sandbox node holding the container is unreachable
+    ├── NodeUnavailable (503, retried): the node that holds the container cannot be reached
     └── SandboxError (500): the sandbox itself failed (crun, the agent, the image)
         ├── ImageBuildError
         └── AgentUnavailable
@@ -61,10 +61,10 @@ class ErrorCode(StrEnum):
     container_busy = "container_busy"
     server_busy = "server_busy"
     upstream_error = "upstream_error"
+    node_unavailable = "node_unavailable"
     sandbox_error = "sandbox_error"
     image_build_failed = "image_build_failed"
     agent_unavailable = "agent_unavailable"
-    node_unavailable = "node_unavailable"
     internal_error = "internal_error"
 
 
@@ -233,9 +233,8 @@ class UpstreamError(ShellboxError):
 
 
 class NodeUnavailable(ShellboxError):
-    """The sandbox node that holds the container (or that a new one needs) cannot be reached
-    now: lost (no heartbeat), stopped, or refusing connections. Its containers come back with
-    it; meanwhile they stay listed and answer this."""
+    """The sandbox node that holds the container did not answer (down, unreachable, or
+    restarting): its containers are not lost, only out of reach until it is back."""
 
     status = 503
     type = "server_error"

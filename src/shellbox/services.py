@@ -18,9 +18,10 @@ from shellbox.cluster import ClusterRuntime, Connect, Lease
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
-from shellbox.errors import InvalidRequest
+from shellbox.errors import InvalidRequest, SandboxError
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
+from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 from shellbox.service.calls import CallService
 from shellbox.service.containers import ContainerService, default_spec
 from shellbox.service.files import FileService
@@ -91,6 +92,8 @@ class Services:
         ]
         if self.network is not None:
             closers.insert(2, self.network.close)
+        if isinstance(self.runtime, RemoteRuntime):
+            closers.append(self.runtime.aclose)
         for closer in closers:  # the others must still close when one fails
             try:
                 await closer()
@@ -114,19 +117,41 @@ def create_services(
     network = None
     if api:
         if runtime is None:
-            if connect is None:
-                msg = "an API replica needs a way to reach the nodes (connect)"
-                raise InvalidRequest(msg, param="cluster.role")
             runtime = ClusterRuntime(
                 stores.nodes,
-                connect,
+                connect or remote_nodes(settings),
                 node_timeout_s=settings.cluster.node_timeout_s,
                 spool_dir=settings.private_dir() / "skill-spool",
             )
+    elif runtime is None and settings.cluster.node_url is not None:
+        runtime = _node_runtime(settings)
     elif runtime is None:
         network = EgressNetwork(settings, stores.egress)
         runtime = create_runtime(settings, network=network)
     return _compose(settings, db, stores, runtime, network)
+
+
+def remote_nodes(settings: Settings) -> Connect:
+    """How an API replica reaches a registered node: ``RemoteRuntime`` at the URL it
+    registered, with the cluster key."""
+    assert settings.cluster.key_file is not None  # (checked by _api_settings)
+    key = load_cluster_key(settings.cluster.key_file)
+    timeout_s = settings.cluster.node_connect_timeout_s
+    return lambda node: RemoteRuntime(node.url, key, connect_timeout_s=timeout_s)
+
+
+def _node_runtime(settings: Settings) -> RemoteRuntime:
+    """The runtime of the one node ``cluster.node_url`` names."""
+    cluster = settings.cluster
+    assert cluster.node_url is not None
+    if cluster.key_file is None:
+        msg = "cluster.node_url needs cluster.key_file: the key the node expects"
+        raise SandboxError(msg)
+    return RemoteRuntime(
+        cluster.node_url,
+        load_cluster_key(cluster.key_file),
+        connect_timeout_s=cluster.node_connect_timeout_s,
+    )
 
 
 def _compose(

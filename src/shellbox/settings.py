@@ -278,6 +278,14 @@ class ClusterSettings(_Section):
         description="memory a node offers its containers, the sum of their memory_limit "
         "(placement's first rule); default: the machine's",
     )
+    node_url: str | None = Field(
+        None,
+        description="run this server's sandboxes on the `shellbox node` at this URL instead of "
+        "this machine (one node; placement over many is the api role's)",
+    )
+    node_connect_timeout_s: float = Field(
+        3.0, gt=0, description="how long reaching a node may take before it is unavailable"
+    )
 
 
 class Settings(BaseSettings):

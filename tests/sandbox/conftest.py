@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir
 
+from node_helpers import NodeProcess
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
 from shellbox.settings import Settings
@@ -33,6 +34,20 @@ async def oci(request: pytest.FixtureRequest) -> AsyncIterator[OciRuntime]:
     for info in await rt.list():
         await rt.destroy(info.id)
     remove_state_dir(state)
+
+
+@pytest.fixture(scope="session")
+def node(oci: OciRuntime) -> Iterator[NodeProcess]:
+    """A ``shellbox node`` subprocess on the ``oci`` fixture's binary, its own state directory
+    and a loopback port: the runtime contract suite runs against it through ``RemoteRuntime``."""
+    state = make_state_dir(f"shellbox-node-{oci.binary}-")
+    proc = NodeProcess(state, env={"SHELLBOX_RUNTIME__TYPE": oci.binary}).start()
+    yield proc
+    try:
+        proc.destroy_all()
+    finally:
+        proc.stop()
+        remove_state_dir(state)
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 Every method of ``shellbox.sandbox.base.Runtime`` is exercised here through the protocol
 alone (no driver attribute, no host path), once per driver: ``OciRuntime`` on crun and on
-runc (the ``oci`` fixture). A remote or Kubernetes runtime joins by adding its fixture.
+runc (the ``oci`` fixture), each used in this process (``local``) and through a
+``RemoteRuntime`` talking to a ``shellbox node`` subprocess on a loopback port (``node``).
+A Kubernetes runtime joins by adding its fixture.
 """
 
 from __future__ import annotations
@@ -27,11 +29,28 @@ from shellbox.sandbox import (
     Runtime,
     SkillMount,
 )
+from shellbox.sandbox.remote import RemoteRuntime
+
+
+@pytest.fixture(params=["local", "node"])
+async def rt(request: pytest.FixtureRequest, oci: OciRuntime) -> AsyncIterator[Runtime]:
+    if request.param == "local":
+        yield oci  # seen through the protocol only (mypy checks the driver is a Runtime)
+        return
+    node = request.getfixturevalue("node")
+    remote = RemoteRuntime(node.url, node.key)
+    yield remote
+    await remote.aclose()
 
 
 @pytest.fixture
-def rt(oci: OciRuntime) -> Runtime:
-    return oci  # seen through the protocol only (mypy checks the driver is a Runtime)
+async def box(rt: Runtime) -> AsyncIterator[str]:
+    """A started container of the runtime under test, destroyed after the test."""
+    cid = new_id("cntr_")
+    await rt.create(ContainerSpec(id=cid))
+    await rt.start(cid)
+    yield cid
+    await rt.destroy(cid)
 
 
 async def sh(rt: Runtime, cid: str, command: str) -> str:

@@ -4,7 +4,7 @@ imports included), and no module imports from a layer above its own.
 Layers, top down (a module may import its own layer and those below):
 
     app, cli                      the entry points
-    api                           HTTP: routes, schemas, errors
+    api, node                     HTTP: the API's routes, schemas, errors; a node's runtime
     services                      the one composition root
     responses                     the Responses feature, which runs calls through service
     service                       orchestration of containers, files, calls
@@ -25,7 +25,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "shellbox"
 LAYERS = [
     {"app", "cli", "__main__", "integrations", "client"},
-    {"api"},
+    {"api", "node"},
     {"services"},
     {"responses"},
     {"service"},
@@ -129,3 +129,5 @@ def test_the_checks_catch_what_they_must() -> None:
     assert _layer("shellbox.egress.service") > _layer("shellbox.service.containers")
     assert _layer("shellbox.skills.mounts") > _layer("shellbox.service.containers")
     assert _layer("shellbox.skills") == _layer("shellbox.store") == _layer("shellbox.sandbox")
+    assert _layer("shellbox.node.app") == _layer("shellbox.api.routes.files")
+    assert _layer("shellbox.node.app") < _layer("shellbox.sandbox.remote")

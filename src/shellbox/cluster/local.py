@@ -206,10 +206,10 @@ class LocalCluster:
         # Reached by its Unix socket in that directory only: no TCP port.
         options = (
             f"-k {pg} -c listen_addresses='' -c max_connections=300 -c fsync=off "
-            "-c synchronous_commit=off"
+            "-c shared_buffers=32MB -c synchronous_commit=off"
         )
         pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-o", options]
-        log = str(self.root / "postgres.log")
+        log = str(pg / "server.log")  # (written by the postgres user: in its own directory)
         subprocess.run(
             _as_postgres([*pg_ctl, "-l", log, "-w", "-t", "60", "start"]),
             check=True,
@@ -286,7 +286,8 @@ backend replicas
         order = ["haproxy", *[n for n in self.children if n.startswith("api")]]
         order += [n for n in self.children if n.startswith("node")]
         for name in order:
-            self.children[name].stop()
+            if name in self.children:
+                self.children[name].stop()
         if self.pg_dir is not None:  # immediate: nothing in it is worth keeping
             pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(self.pg_dir / "data")]
             subprocess.run(_as_postgres([*pg_ctl, "-m", "immediate", "stop"]), capture_output=True)

@@ -106,14 +106,13 @@ from shellbox.sandbox.base import (
     SandboxInfo,
     SandboxNetwork,
     SandboxState,
-    SecretInjection,
-    SkillMount,
     SnapshotTaken,
 )
 from shellbox.sandbox.cgroups import CgroupMode, HostCgroups, detect_mode
 from shellbox.sandbox.host_files import HostFiles, sync_chunks
 from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
 from shellbox.sandbox.skill_layouts import SkillLayouts, check_key
+from shellbox.sandbox.wire import spec_from_json, spec_to_json
 
 log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
@@ -1114,41 +1113,6 @@ def _write_spec(cdir: Path, spec: ContainerSpec) -> None:
         os.fchmod(f.fileno(), 0o600)
         f.write(json.dumps(spec_to_json(spec)))
     os.replace(tmp, path)
-
-
-def spec_to_json(spec: ContainerSpec) -> dict[str, Any]:
-    raw = dataclasses.asdict(spec)
-    raw["mounts"] = [
-        {"source": str(m.source), "destination": m.destination, "read_only": m.read_only}
-        for m in spec.mounts
-    ]
-    raw["env"] = dict(spec.env)
-    raw["files"] = dict(spec.files)
-    raw["hosts"] = dict(spec.hosts)
-    return raw
-
-
-def spec_from_json(raw: dict[str, Any]) -> ContainerSpec:
-    raw = dict(raw)
-    mounts = tuple(
-        Mount(Path(m["source"]), m["destination"], m.get("read_only", True))
-        for m in raw.pop("mounts", [])
-    )
-    skills = tuple(SkillMount(s["key"], s["destination"]) for s in raw.pop("skills", []))
-    net = raw.pop("network", None)
-    network = None
-    if net is not None:
-        network = NetworkSpec(
-            tuple(net.get("allowed_domains", ())),
-            tuple(
-                SecretInjection(s["domain"], s["placeholder"], s["value"])
-                for s in net.get("secrets", ())
-            ),
-        )
-    # A spec written before networks were by value named a namespace of the old server's
-    # egress slots, which it no longer holds: the container starts with loopback only.
-    raw.pop("netns_path", None)
-    return ContainerSpec(**raw, mounts=mounts, skills=skills, network=network)
 
 
 if TYPE_CHECKING:  # mypy checks that the driver is a whole ``Runtime``

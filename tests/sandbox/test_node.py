@@ -1,0 +1,117 @@
+"""``shellbox node``: only callers with the cluster key reach its runtime, it refuses a key
+file others can read, and a node that is gone is a ``NodeUnavailable`` (503) at once, never
+a hang nor a 500. (What the node serves is the runtime contract suite's, ``node`` param.)"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sandbox_helpers import make_state_dir, remove_state_dir
+
+from node_helpers import NodeProcess, free_port, write_key_file
+from shellbox.errors import ContainerNotFound, FileNotFound, NodeUnavailable
+from shellbox.ids import new_id
+from shellbox.sandbox import ContainerSpec, ExecRequest
+from shellbox.sandbox.remote import RemoteRuntime
+
+
+@pytest.fixture
+def own_node() -> Iterator[NodeProcess]:
+    """A node of this test's own (it may be killed)."""
+    state = make_state_dir("shellbox-node-own-")
+    node = NodeProcess(state).start()
+    yield node
+    try:
+        if node.proc is not None and node.proc.poll() is None:
+            node.destroy_all()
+    finally:
+        node.stop()
+        remove_state_dir(state)
+
+
+def test_only_the_cluster_key_reaches_the_runtime(node: NodeProcess) -> None:
+    with httpx.Client(base_url=node.url, timeout=30) as http:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": node.key}):
+            r = http.post("/v1/runtime/list", json={}, headers=headers)
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["code"] == "invalid_api_key"
+        ok = http.post("/v1/runtime/list", json={}, headers={"authorization": f"Bearer {node.key}"})
+        assert ok.status_code == 200, ok.text
+        assert http.get("/healthz").json()["node"] == node.name  # a probe needs no key
+
+
+async def test_a_wrong_key_is_an_error_not_a_container(node: NodeProcess) -> None:
+    remote = RemoteRuntime(node.url, "not-the-cluster-key-at-all")
+    try:
+        with pytest.raises(Exception, match="refused the cluster key"):
+            await remote.list()
+    finally:
+        await remote.aclose()
+
+
+async def test_driver_errors_cross_as_their_class(node: NodeProcess) -> None:
+    remote = RemoteRuntime(node.url, node.key)
+    try:
+        with pytest.raises(ContainerNotFound):
+            await remote.run("cntr_nosuchcontainer", ExecRequest(["true"], 1000, 100))
+        with pytest.raises(FileNotFound) as caught:
+            await remote.read_file("cntr_nosuchcontainer", "a.txt", param="file")
+        assert caught.value.param == "file" and caught.value.status == 404
+    finally:
+        await remote.aclose()
+
+
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    state = make_state_dir("shellbox-node-key-")
+    try:
+        node = NodeProcess(state, key_file=write_key_file(tmp_path, mode=0o644))
+        done = subprocess.run(
+            node.command(), env=node.environment(), capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2
+        assert "0600" in done.stderr
+    finally:
+        remove_state_dir(state)
+
+
+async def test_a_node_that_is_down_is_unavailable_at_once() -> None:
+    remote = RemoteRuntime(f"http://127.0.0.1:{free_port()}", "k" * 32, name="gone")
+    try:
+        started = time.monotonic()
+        with pytest.raises(NodeUnavailable) as caught:
+            await remote.state("cntr_x")
+        assert time.monotonic() - started < 3
+        assert caught.value.status == 503
+        assert "the node gone is unavailable" in str(caught.value)
+    finally:
+        await remote.aclose()
+
+
+async def test_a_node_killed_mid_command_is_unavailable(own_node: NodeProcess) -> None:
+    remote = RemoteRuntime(own_node.url, own_node.key, name=own_node.name)
+    try:
+        cid = new_id("cntr_")
+        await remote.create(ContainerSpec(id=cid))
+        await remote.start(cid)
+        events = remote.exec(cid, ExecRequest(["echo started; sleep 60"], 120_000, 1000))
+        first = await anext(events)  # the command runs
+        assert first is not None
+        started = time.monotonic()
+        own_node.kill()
+        with pytest.raises(NodeUnavailable, match=f"the node {own_node.name} is unavailable"):
+            async for _ in events:
+                pass
+        assert time.monotonic() - started < 5
+        with pytest.raises(NodeUnavailable):
+            await asyncio.wait_for(remote.list(), 10)
+        # Back with its state directory: its container is there, with its disk.
+        own_node.start()
+        assert cid in {i.id for i in await remote.list()}
+    finally:
+        await remote.aclose()

@@ -173,7 +173,9 @@ def _compose(
     if api:
         # Three reaper rounds without a renewal: the holder is gone, another replica takes over.
         containers.lease = Lease(stores.leases, "reaper", 3 * settings.lifecycle.reaper_interval_s)
-    files = FileService(settings, stores.files, stores.container_files, containers, blobs)
+    files = FileService(
+        settings, stores.files, stores.container_files, containers, blobs, shared_index=api
+    )
     calls = CallService(containers, files, limits)
     snapshots = SnapshotService(stores.snapshots, containers)
     idempotency = IdempotencyService(

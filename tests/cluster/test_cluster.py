@@ -211,3 +211,36 @@ def test_the_reaper_survives_the_death_of_its_replica(sleepy: Any) -> None:
     finally:
         sleepy.replica(holder).start()
     front.containers.delete(c.id)
+
+
+def test_a_skill_uploaded_through_one_replica_is_mounted_through_the_other(
+    local_cluster: Any, key: str, nodes: NodeStore
+) -> None:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("greeter/SKILL.md", "---\nname: greeter\ndescription: Greets.\n---\nHi.\n")
+        zf.writestr("greeter/hello.txt", "hello from the skill\n")
+    bundle = buf.getvalue()
+    via_a, via_b = sdk(local_cluster.replica_url(1), key), sdk(local_cluster.replica_url(2), key)
+    skill = via_a.skills.create(files=("greeter.zip", bundle, "application/zip"))
+    made = [
+        via_b.containers.create(
+            name=f"sk{i}", skills=[{"type": "skill_reference", "skill_id": skill.id}]
+        )
+        for i in range(2)
+    ]
+    try:
+        assert {node_of(nodes, c.id) for c in made} == {"node1", "node2"}
+        with client(local_cluster.root_url, key) as http:
+            for c in made:
+                assert stdout(shell(http, c.id, "cat /mnt/skills/greeter/hello.txt")) == (
+                    "hello from the skill\n"
+                )
+        assert via_b.skills.content.retrieve(skill.id).read() == bundle
+    finally:
+        for c in made:
+            via_a.containers.delete(c.id)
+        via_b.skills.delete(skill.id)

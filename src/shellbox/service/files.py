@@ -47,6 +47,8 @@ class FileService(ContainerFeature):
         container_files: ContainerFileStore,
         containers: ContainerService,
         blobs: BlobStore | None = None,
+        *,
+        shared_index: bool = False,
     ) -> None:
         self.settings = settings
         self.store = files
@@ -57,6 +59,9 @@ class FileService(ContainerFeature):
         self.blob_dir = settings.state_dir / "files"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         self.blobs: BlobStore = blobs or FsBlobStore(self.blob_dir)
+        # API replicas: other processes index the same containers' files, so each sync starts
+        # from the rows (one query), not from what this process saw last.
+        self.shared_index = shared_index
         containers.copy_files = self.copy_into_container
         self._next_purge = 0.0
         self._sweeper: asyncio.Task[None] | None = None
@@ -296,6 +301,8 @@ class FileService(ContainerFeature):
         lock = self._scan_locks.setdefault(cid, asyncio.Lock())
         async with lock:
             found = await self.containers.runtime.list_files(cid)
+            if self.shared_index:
+                self._known.pop(cid, None)  # read again from the rows
             return self._apply_scan(cid, found)
 
     def _apply_scan(self, cid: str, found: list[FileInfo]) -> list[ContainerFileRecord]:

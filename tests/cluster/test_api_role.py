@@ -34,9 +34,12 @@ from shellbox.store import create_database, create_stores
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO / ".state" / "images"
 GIB = 1 << 30
-NODE_TIMEOUT_S = 2.0
-IDLE_SLEEP_S = 3.0
-MINUTE_S = 3.0  # an expires_after minute: the default 20 minutes are a minute here
+# Generous: the replicas, the nodes and the heartbeats share this process's one event loop,
+# which a loaded machine slows down.
+NODE_TIMEOUT_S = 5.0
+REAPER_INTERVAL_S = 1.0  # the reaper lease lapses after three rounds unrenewed
+IDLE_SLEEP_S = 4.0
+MINUTE_S = 4.0  # an expires_after minute
 
 
 @dataclass
@@ -81,7 +84,11 @@ def replica_settings(state: Path, url: str, key_file: Path) -> Settings:
         runtime={"image_dir": IMAGE_DIR, "image_profile": "minimal"},
         store={"database_url": url},
         cluster={"role": "api", "key_file": key_file, "node_timeout_s": NODE_TIMEOUT_S},
-        lifecycle={"reaper_interval_s": 0.3, "idle_sleep_s": IDLE_SLEEP_S, "minute_s": MINUTE_S},
+        lifecycle={
+            "reaper_interval_s": REAPER_INTERVAL_S,
+            "idle_sleep_s": IDLE_SLEEP_S,
+            "minute_s": MINUTE_S,
+        },
     )
 
 
@@ -284,8 +291,14 @@ async def test_two_replicas_put_a_container_to_sleep_and_expire_it_once(
 
 async def test_a_replica_that_stops_hands_the_reaper_over(cluster: Cluster) -> None:
     leases = cluster.a.services.stores.leases
-    holder = leases.holder("reaper")
     replicas = [cluster.a, cluster.b]
+    tokens = {r.services.containers.lease.holder for r in replicas}  # type: ignore[union-attr]
+
+    async def held_by_one() -> bool:
+        return leases.holder("reaper") in tokens
+
+    assert await eventually(held_by_one, 5 * REAPER_INTERVAL_S)
+    holder = leases.holder("reaper")
     held = [r for r in replicas if r.services.containers.lease.holder == holder]  # type: ignore[union-attr]
     assert len(held) == 1
     other = next(r for r in replicas if r is not held[0])

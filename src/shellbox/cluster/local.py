@@ -3,8 +3,9 @@ PostgreSQL (Debian's, in a temporary data directory, reached by its Unix socket)
 nodes (``shellbox node``, each on its own state directory, sharing the built images), API
 replicas (``shellbox serve --role api``) and HAProxy round-robin in front of them on one port.
 
-Every piece is a child process of this one, with its log in the cluster's directory; ``stop``
-ends them all (and a node or replica can be killed and started again on its own state).
+Every piece is a child process of this one (PostgreSQL: the daemon ``pg_ctl`` starts), with
+its log in the cluster's directory; ``stop`` ends them all, and a node or replica can be killed
+and started again on its own state directory.
 """
 
 from __future__ import annotations

@@ -91,6 +91,7 @@ def main() -> None:
             rounds["cluster"].append(asyncio.run(throughput(cluster.root_url, key, args.seconds)))
     finally:
         single.stop()
+        cluster.destroy_sandboxes()
         cluster.stop()
         for i in range(1, cluster.nodes + 1):
             hostns.detach(str(root / f"node{i}" / "disks"))

@@ -66,7 +66,10 @@ def start_local_cluster(prefix: str, **options: Any) -> LocalCluster:
 
 
 def remove_local_cluster(cluster: LocalCluster) -> None:
-    cluster.stop()
+    try:
+        cluster.destroy_sandboxes()  # what the tests left
+    finally:
+        cluster.stop()
     for name in list(cluster.children):
         if name.startswith("node"):
             hostns.detach(str(cluster.root / name / "disks"))

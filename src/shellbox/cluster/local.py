@@ -282,6 +282,24 @@ backend replicas
         self.children["haproxy"] = child
         return child
 
+    def destroy_sandboxes(self) -> None:
+        """Destroy every container the running nodes hold, through their own API (before a
+        ``stop`` that is followed by removing the directory: a stopped node leaves its
+        containers as they are, to take them back when it starts again)."""
+        import asyncio
+
+        from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
+
+        async def clear(url: str, key: str) -> None:
+            node = RemoteRuntime(url, key)
+            for info in await node.list():
+                await node.destroy(info.id)
+
+        key = load_cluster_key(self.key_file)
+        for name, child in self.children.items():
+            if name.startswith("node") and child.alive() and child.health_url:
+                asyncio.run(clear(child.health_url.removesuffix("/healthz"), key))
+
     def stop(self) -> None:
         """Everything, front first; PostgreSQL last (the others deregister through it)."""
         order = ["haproxy", *[n for n in self.children if n.startswith("api")]]
@@ -332,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         return 0
     finally:
+        if not args.keep and cluster.key_file.exists():
+            cluster.destroy_sandboxes()
         cluster.stop()
         if not args.keep:
             for child in cluster.children.values():

@@ -51,9 +51,8 @@ class NodeProcess:
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
-        if self.key_file is None:
-            keys = Path(tempfile.mkdtemp(prefix="shellbox-node-key-"))
-            self.key_file = write_key_file(keys)
+        if self.key_file is None:  # removed with the state directory
+            self.key_file = write_key_file(self.state_dir)
 
     @property
     def url(self) -> str:

@@ -115,3 +115,29 @@ async def test_a_node_killed_mid_command_is_unavailable(own_node: NodeProcess) -
         assert cid in {i.id for i in await remote.list()}
     finally:
         await remote.aclose()
+
+
+async def test_paths_from_the_wire_must_be_normalised(node: NodeProcess) -> None:
+    """The driver walks a path it was given normalised: the node refuses any other, so a
+    caller cannot climb out of /mnt/data with ``..``."""
+    remote = RemoteRuntime(node.url, node.key)
+    cid = new_id("cntr_")
+    await remote.create(ContainerSpec(id=cid))
+    try:
+        await remote.write_file(cid, "x.txt", [b"inside"])
+        auth = {"authorization": f"Bearer {node.key}"}
+        async with httpx.AsyncClient(base_url=node.url, headers=auth, timeout=30) as http:
+            for method, rel in [
+                ("read_file", "../data/x.txt"),
+                ("stat_file", "../data/x.txt"),
+                ("remove_file", "/mnt/data/x.txt"),
+                ("read_file", "./x.txt"),
+            ]:
+                args = {"container_id": cid, "rel": rel, "follow_links": False, "param": "path"}
+                r = await http.post(f"/v1/runtime/{method}", json=args)
+                assert r.status_code == 400, (method, rel, r.text)
+                assert r.json()["error"]["class"] in ("InvalidRequest", "PathOutsideWorkspace")
+        assert await remote.stat_file(cid, "x.txt") is not None  # still there
+    finally:
+        await remote.destroy(cid)
+        await remote.aclose()

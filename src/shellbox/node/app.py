@@ -13,7 +13,9 @@ is logged and answered 500. ``GET /healthz`` needs no key (a readiness probe) an
 the node's name.
 
 Specs from the wire may not carry ``mounts``: a caller names skills and files by value and
-never a path of this machine.
+never a path of this machine. Paths under ``/mnt/data`` must come normalised, as the
+protocol says (``datapath.relative_path``: no ``..``, no absolute path), since the driver's
+walk relies on it; ``resolve_path`` alone takes links and ``..`` (it resolves them inside).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from starlette.routing import Route
 from shellbox.errors import InvalidRequest, PayloadTooLarge, SandboxError, ShellboxError
 from shellbox.node.info import NodeInfo
 from shellbox.sandbox import ContainerSpec, Runtime, RuntimeInfo, wire
+from shellbox.sandbox.datapath import relative_path
 from shellbox.sandbox.remote import ARGS_HEADER
 
 log = logging.getLogger("shellbox.node")
@@ -48,6 +51,20 @@ def _spec(raw: Any) -> ContainerSpec:
         msg = "a spec from the network may not bind host paths (mounts)"
         raise InvalidRequest(msg, param="spec.mounts")
     return spec
+
+
+def _rel(a: Args, name: str = "rel", *, allow_root: bool = False) -> str:
+    """A path argument, which must already be normalised (``""``: /mnt/data itself)."""
+    raw = a[name]
+    if not isinstance(raw, str):
+        msg = f"{name} must be a string"
+        raise InvalidRequest(msg, param=name)
+    if raw == "" and allow_root:
+        return raw
+    if relative_path(raw, param=str(a.get("param", name))) != raw:
+        msg = f"{name} {raw[:200]!r} is not a normalised path under /mnt/data"
+        raise InvalidRequest(msg, param=str(a.get("param", name)))
+    return raw
 
 
 async def _image_file(rt: Runtime, a: Args) -> str | None:
@@ -84,9 +101,9 @@ UNARY: dict[str, Unary] = {
     "skill_held": _skill_held,
     "skill_keys": lambda rt, a: rt.skill_keys(),
     "remove_skill": lambda rt, a: rt.remove_skill(a["key"]),
-    "stat_file": lambda rt, a: rt.stat_file(a["container_id"], a["rel"]),
+    "stat_file": lambda rt, a: rt.stat_file(a["container_id"], _rel(a)),
     "list_files": lambda rt, a: rt.list_files(a["container_id"]),
-    "remove_file": lambda rt, a: rt.remove_file(a["container_id"], a["rel"], param=a["param"]),
+    "remove_file": lambda rt, a: rt.remove_file(a["container_id"], _rel(a), param=a["param"]),
     "resolve_path": lambda rt, a: rt.resolve_path(a["container_id"], a["rel"], param=a["param"]),
     "apply_patch": lambda rt, a: rt.apply_patch(
         a["container_id"], wire.operations_from_json(a["operations"])
@@ -169,28 +186,28 @@ def create_node_app(
         if method == "read_file":
             args = await args_of(request, streamed=False)
             stream = await rt.read_file(
-                args["container_id"], args["rel"], follow_links=bool(args["follow_links"]),
+                args["container_id"], _rel(args), follow_links=bool(args["follow_links"]),
                 param=args["param"],
             )  # fmt: skip
             return StreamingResponse(stream, media_type="application/octet-stream")
         if method == "export_archive":
             args = await args_of(request, streamed=False)
             stream = await rt.export_archive(
-                args["container_id"], args["rel_dir"], list(args["exclude"]),
+                args["container_id"], _rel(args, "rel_dir", allow_root=True), list(args["exclude"]),
                 timeout_ms=int(args["timeout_ms"]),
             )  # fmt: skip
             return StreamingResponse(stream, media_type="application/x-tar")
         if method == "write_file":
             args = await args_of(request, streamed=True)
             where, size = await rt.write_file(
-                args["container_id"], args["rel"], request.stream(),
+                args["container_id"], _rel(args), request.stream(),
                 follow_links=bool(args["follow_links"]), param=args["param"],
             )  # fmt: skip
             return JSONResponse({"result": [where, size]})
         if method == "import_archive":
             args = await args_of(request, streamed=True)
             size = await rt.import_archive(
-                args["container_id"], args["rel_dir"], request.stream(),
+                args["container_id"], _rel(args, "rel_dir", allow_root=True), request.stream(),
                 timeout_ms=int(args["timeout_ms"]),
             )  # fmt: skip
             return JSONResponse({"result": size})

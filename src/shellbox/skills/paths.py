@@ -4,10 +4,10 @@
       staging/<tmp>/                  an upload being checked; renamed into place when valid
       versions/<skill_id>/<n>/
         bundle.zip                    the bytes served back by the content endpoints
-        files/                        unpacked once, bind-mounted read-only by every container
-      containers/<container_id>/
-        index.json                    mounted at /mnt/skills/index.json
-        inline/<name>/                that container's inline skills, gone with it
+        files/                        unpacked once; handed to the runtime as a tar
+                                      (``Runtime.install_skill``), which mounts its own copy
+      containers/<container_id>/      made by servers before skills went by value (an index
+                                      and inline skills); removed with their container
 
 Everything is owned by host root. Files are 0644 (0755 when executable) and folders 0755, so
 the sandbox user (uid 1000 of its container's own host uid range, no relation to root) can

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 from sandbox_helpers import run1
 
 from shellbox.sandbox import ExecRequest, OciRuntime
-from shellbox.sandbox.cgroups import CgroupMode, detect_mode
+from shellbox.sandbox.cgroups import PARENT, CgroupMode, detect_mode
 
 
 def _mounted_layout() -> CgroupMode:
@@ -196,3 +198,28 @@ async def test_memory_usage_is_read_from_the_container_cgroup(
     after = await runtime.memory_usage(container)
     assert before is not None and after is not None
     assert after - before >= 60 << 20  # tmpfs pages are charged to the container
+
+
+def test_removal_kills_what_is_left_in_a_containers_cgroups(runtime: OciRuntime) -> None:
+    """A process that outlived the runtime's kill (a terminal's shell in a sub-cgroup, slow to
+    die on a loaded machine; or one that escaped it) must not make removing a container fail
+    with EBUSY: removal kills what is left and then removes the tree."""
+    cgroups = runtime.cgroups
+    cid = f"cntr_stray{os.getpid()}"
+    cgroups.prepare(cid, os.getuid())
+    tops = (
+        [cgroups.root / PARENT / cid]
+        if cgroups.mode is CgroupMode.v2
+        else [h / PARENT / cid for h in cgroups._v1_hierarchies()]
+    )
+    stray = subprocess.Popen(["sleep", "300"])
+    try:
+        for top in (t for t in tops if t.is_dir()):
+            (top / "stray").mkdir(exist_ok=True)
+            (top / "stray" / "cgroup.procs").write_text(str(stray.pid))
+        cgroups.remove(cid)
+        assert stray.wait(timeout=5) == -signal.SIGKILL
+        assert not any(top.exists() for top in tops)
+    finally:
+        stray.kill()
+        stray.wait()

@@ -19,8 +19,10 @@ whole tree dies by ``cgroup.kill``: nothing to mount or enable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -167,8 +169,11 @@ class HostCgroups:
                     if (path / name).exists():
                         _write_weight(path / name, value)
 
-    def remove(self, container_id: str, timeout_s: float = 2.0) -> None:
-        """Remove the container's cgroups, sub-cgroups first. Waits for dying processes."""
+    def remove(self, container_id: str, timeout_s: float = 10.0) -> None:
+        """Remove the container's cgroups, sub-cgroups first. Waits for dying processes,
+        and kills any still there (a runtime's kill reaches the container's own cgroup; on a
+        loaded machine the processes of its sub-cgroups, terminals and commands, can take
+        seconds to go, and one that escaped the kill must not make the removal fail)."""
         if self.mode is CgroupMode.v2:
             tops = [self.root / PARENT / container_id]
         else:
@@ -177,13 +182,17 @@ class HostCgroups:
         for top in tops:
             if not top.is_dir():
                 continue
+            killed = False
             while True:
                 try:
                     _rmdir_tree(top)
                     break
-                except OSError:
-                    if time.monotonic() > deadline:
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                         raise
+                    if not killed:
+                        _kill_tree(top)
+                        killed = True
                     time.sleep(0.01)
 
     def memory_usage(self, container_id: str) -> int | None:
@@ -259,6 +268,22 @@ def _enable_v2_controllers(path: Path) -> None:
     missing = (wanted & available) - enabled
     if missing:
         (path / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(missing)))
+
+
+def _kill_tree(path: Path) -> None:
+    """SIGKILL every process left in a cgroup tree (``cgroup.kill`` where the kernel has it)."""
+    if (path / "cgroup.kill").exists():
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing to kill
+            (path / "cgroup.kill").write_text("1")
+        return
+    for procs in path.rglob("cgroup.procs"):
+        try:
+            pids = procs.read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _rmdir_tree(path: Path) -> None:

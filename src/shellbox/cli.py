@@ -1,4 +1,4 @@
-"""The ``shellbox`` command: serve, node, run, image, keys, db, patch."""
+"""The ``shellbox`` command: serve, node, run, shell, image, keys, db, patch."""
 
 from __future__ import annotations
 
@@ -118,6 +118,21 @@ def _profile(args: argparse.Namespace, settings: Settings) -> Profile:
     from shellbox.sandbox.image import canonical
 
     return canonical(args.profile) if args.profile else settings.runtime.image_profile
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    from shellbox.client import AsyncShellbox, ShellboxClientError
+    from shellbox.client.interactive import run_shell
+
+    async def go() -> int:
+        async with AsyncShellbox(args.base_url, args.api_key) as client:
+            return await run_shell(client, args.container_id, command=args.command)
+
+    try:
+        return asyncio.run(go())
+    except ShellboxClientError as exc:
+        print(f"shellbox shell: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
@@ -418,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("commands", nargs=argparse.REMAINDER, help="-- CMD [CMD ...]")
     run.set_defaults(func=cmd_run)
+
+    shell = sub.add_parser(
+        "shell", help="open an interactive terminal in a container of a running server"
+    )
+    shell.add_argument("container_id")
+    shell.add_argument("--command", help="run this instead of the interactive bash")
+    shell.add_argument("--base-url", help="the server's /v1 URL (env SHELLBOX_BASE_URL)")
+    shell.add_argument("--api-key", help="the project's key (env SHELLBOX_API_KEY)")
+    shell.set_defaults(func=cmd_shell)
 
     image = sub.add_parser("image", help="manage the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import socket
 import tarfile
 import time
@@ -153,3 +154,27 @@ async def test_async_errors(server: Any, sb: AsyncShellbox, api_key: str) -> Non
     async with AsyncShellbox(f"http://127.0.0.1:{unused_port()}/v1", api_key) as down:
         with pytest.raises(APIConnectionError):
             await down.workspace.read("cntr_x", "a")
+
+
+def test_pty_sync_terminal_runs_to_its_exit_code(sb_sync: Shellbox, cid: str) -> None:
+    with sb_sync.pty(cid, cols=50, rows=10) as term:
+        term.send("stty size; tty; exit 6\n")
+        out = b"".join(term)
+    assert re.search(rb"[\r\n]10 50\r\n/dev/pts/\d+\r\n", out), out
+    assert term.exit_code == 6
+    with pytest.raises(NotFoundError) as caught, sb_sync.pty("cntr_missing"):
+        pass
+    assert caught.value.code == "container_not_found"
+
+
+async def test_pty_async_terminal_resizes_and_runs_a_command(sb: AsyncShellbox) -> None:
+    box = await sb.openai.containers.create(name="client-pty")
+    try:
+        async with sb.pty(box.id, command="read line; stty size; echo got $line") as term:
+            await term.resize(77, 33)
+            await term.send(b"abc\n")
+            out = b"".join([chunk async for chunk in term])
+        assert b"33 77\r\ngot abc\r\n" in out, out
+        assert term.exit_code == 0
+    finally:
+        await sb.openai.containers.delete(box.id)

@@ -134,10 +134,10 @@ async def test_resume_reattaches_to_a_kept_container(sb: AsyncShellbox, tmp_path
     session = await client.create(options=options, snapshot=LocalSnapshotSpec(base_path=tmp_path))
     await session.start()
     await session.exec("echo kept > k.txt && ln -s /etc/passwd link", timeout=30)
-    # No PTY: exec_command runs one-shot and the PTY entry points say so.
-    assert not session.supports_pty()
-    with pytest.raises(NotImplementedError):
-        await session.pty_exec_start("bash", tty=True)
+    # PTY methods (test_pty_tools.py drives them through the SDK's tools).
+    assert session.supports_pty()
+    update = await session.pty_exec_start("cat k.txt", yield_time_s=5)
+    assert (update.output, update.exit_code, update.process_id) == (b"kept\n", 0, None)
     with pytest.raises(ExecTimeoutError):
         await session.exec("sleep 5", timeout=0.3)
     # Reads go through the server's path checks: a symlink made in the sandbox that leads out

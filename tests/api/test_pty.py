@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from api_helpers import shell, wait_until
+from api_helpers import host_pids, shell, wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -101,9 +102,13 @@ def test_a_real_terminal_of_the_requested_size_that_resizes(
     term_of: Callable[..., Term], cid: str
 ) -> None:
     t = term_of(cid, cols=93, rows=21)
-    t.send(b"tty; stty size; id -u; pwd; echo =one\n")
+    t.send(b"tty; stty size; id -u; pwd; stat -c %U $(tty); echo =one\n")
     out = t.until(rb"[\r\n]=one")
-    assert re.search(rb"/dev/pts/\d+\r\n21 93\r\n1000\r\n/mnt/data\r\n", out), out
+    # The sandbox user's own terminal device, in /mnt/data.
+    assert re.search(rb"/dev/pts/\d+\r\n21 93\r\n1000\r\n/mnt/data\r\nuser\r\n", out), out
+    # In a command cgroup, under the limits every command runs under.
+    t.send(b"grep -c cmd- /proc/self/cgroup; echo =cg\n")
+    assert re.search(rb"[\r\n][1-9]\d*\r\n=cg", t.until(rb"[\r\n]=cg")), t.seen
     t.resize(120, 40)
     t.send(b"stty size; echo =two\n")
     assert re.search(rb"[\r\n]40 120\r\n", t.until(rb"[\r\n]=two")), t.seen
@@ -123,6 +128,18 @@ def test_ctrl_c_interrupts_the_foreground_job_and_the_prompt_returns(
     assert time.monotonic() - started < 10
     assert not re.search(rb"[\r\n]=not-interrupted", out), out
     assert re.search(rb"[\r\n]=back 130", out), out  # the shell saw sleep die of SIGINT
+
+
+def test_a_client_that_leaves_ends_everything_the_terminal_started(
+    server: Any, api_key: str, cid: str
+) -> None:
+    marker = f"{7000 + secrets.randbelow(1000)}.{secrets.randbelow(10**9)}"
+    t = Term(open_term(server, api_key, cid))
+    t.send(f"(sleep {marker} &); sleep {marker}1 & echo =started\n".encode())
+    t.until(rb"[\r\n]=started")
+    assert wait_until(lambda: len(host_pids(marker)) == 2, 10)
+    t.ws.close()
+    assert wait_until(lambda: host_pids(marker) == [], 10), host_pids(marker)
 
 
 def test_exit_sends_the_exit_code_then_closes(term_of: Callable[..., Term], cid: str) -> None:
@@ -154,12 +171,12 @@ def test_ten_megabytes_through_a_slow_reader_arrive_whole(
     server: Any, term_of: Callable[..., Term], cid: str
 ) -> None:
     t = term_of(cid)
-    t.send(b"stty -echo -onlcr; echo =ready\n")
+    # 10 MB of numbered lines (each 16 bytes), written to the terminal in large blocks.
+    t.send(b"seq -f '%015g' 1 655360 > /tmp/n; stty -echo -onlcr; echo =ready\n")
     t.until(rb"=ready")
     time.sleep(0.2)
     t.until(rb"\$ $")  # the next prompt
-    # 10 MB of numbered lines (each 16 bytes), then an end marker.
-    t.send(b"seq -f '%015g' 1 655360; echo =end\n")
+    t.send(b"cat /tmp/n; echo =end\n")
     before = _rss_kib(server.proc.pid)
     peak = before
     chunks: list[bytes] = []
@@ -171,8 +188,8 @@ def test_ten_megabytes_through_a_slow_reader_arrive_whole(
         assert isinstance(message, bytes)
         chunks.append(message)
         received += len(message)
-        if received < 1_000_000:
-            time.sleep(0.01)  # a slow reader for the first MB: the server must hold back
+        if received < 3_000_000:
+            time.sleep(0.05)  # a slow reader for the first 3 MB: the server must hold back
             peak = max(peak, _rss_kib(server.proc.pid))
     data = b"".join(chunks)
     lines = data[: data.rindex(b"=end\n")].split(b"\n")

@@ -20,7 +20,7 @@ from sandbox_helpers import IMAGE_DIR, REPO, host_pids, run1, wait_gone
 from shellbox.agent import protocol
 from shellbox.errors import AgentUnavailable
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, create_runtime
+from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime, PtyRequest, create_runtime
 from shellbox.sandbox.crun import AGENT_FILES
 from shellbox.settings import Settings
 
@@ -149,9 +149,9 @@ async def test_containers_of_an_older_agent_protocol_are_restarted_after_an_upgr
     (files kept) when it adopts them, or on the first call if it adopted them unasked."""
     before = runtime_on(host_state_dir)  # the shellbox before the upgrade: its agent
     before.agent_dir = install_protocol_1_agent(host_state_dir)
-    recovered, called = new_id("cntr_"), new_id("cntr_")
+    recovered, called, term = new_id("cntr_"), new_id("cntr_"), new_id("cntr_")
     try:
-        for cid in (recovered, called):
+        for cid in (recovered, called, term):
             await before.create(ContainerSpec(id=cid))
             with pytest.raises(AgentUnavailable, match="speaks protocol 1, not"):
                 await before.start(cid)
@@ -163,13 +163,22 @@ async def test_containers_of_an_older_agent_protocol_are_restarted_after_an_upgr
         r = await run1(after, called, "cat file.txt")
         assert (r.stdout, r.outcome.exit_code) == ("kept\n", 0), r
         assert await agent_version(after, called) == protocol.PROTOCOL_VERSION
+        # So is the first terminal: the old agent knows no terminals.
+        terminal = await after.pty(term, PtyRequest(cols=80, rows=24, command="cat file.txt"))
+        out = b"".join([chunk async for chunk in terminal.output()])
+        assert (out, terminal.exit_code) == (b"kept\r\n", 0)
+        await terminal.close()
         # recover() restarts the other one rather than adopt it.
-        assert await after.recover() == {recovered: "restarted", called: "adopted"}
+        assert await after.recover() == {
+            recovered: "restarted",
+            called: "adopted",
+            term: "adopted",
+        }
         assert await agent_version(after, recovered) == protocol.PROTOCOL_VERSION
         r = await run1(after, recovered, "cat file.txt")
         assert r.stdout == "kept\n"
     finally:
-        for cid in (recovered, called):
+        for cid in (recovered, called, term):
             await before.destroy(cid)
 
 

@@ -1241,20 +1241,29 @@ class Pty:
         self.update()
 
     def read_master(self) -> None:
+        """Read what the terminal holds into one frame (a terminal hands out a few KiB per
+        read: one message per read would make a WebSocket message of each)."""
+        room = P.PTY_OUTBUF_BYTES - len(self.outbuf)
+        data = bytearray()
+        eof = False
         for _ in range(16):  # don't let one noisy terminal starve the loop
-            if len(self.outbuf) >= P.PTY_OUTBUF_BYTES or self.master < 0:
-                return
+            if self.master < 0 or len(data) >= min(room, P.MAX_PTY_FRAME):
+                break
             try:
-                data = posix.read(self.master, READ_CHUNK)
+                chunk = posix.read(self.master, min(READ_CHUNK, P.MAX_PTY_FRAME - len(data)))
             except BlockingIOError:
-                return
+                break
             except OSError:  # EIO: nothing holds the terminal any more
-                data = b""
-            if not data:
-                self.close_master()
-                return
-            self.outbuf += P.pty_frame(P.PTY_DATA, data)
+                chunk = b""
+            if not chunk:
+                eof = True
+                break
+            data += chunk
+        if data:
+            self.outbuf += P.pty_frame(P.PTY_DATA, bytes(data))
             self.agent.dirty.add(self)
+        if eof:
+            self.close_master()
 
     def write_pending(self) -> None:
         while self.pending and self.master >= 0:

@@ -11,6 +11,9 @@
     fork = sb.snapshots.fork(snap.id, name="try-2")             # a new container from them
     sb.containers.pause(fork.id); sb.containers.resume(fork.id)
 
+    with sb.pty(container.id) as term:                           # a terminal (WebSocket)
+        term.send("ls\\n"); term.recv()
+
 ``AsyncShellbox`` is the same with ``await``. Failures raise the classes in
 ``shellbox.client.errors``. This package needs only ``httpx``; ``.openai`` needs ``openai``.
 """
@@ -34,6 +37,7 @@ from shellbox.client.errors import (
     StreamError,
 )
 from shellbox.client.sync_client import Shellbox, ShellCallStream
+from shellbox.client.terminal import AsyncTerminal, Terminal
 from shellbox.client.types import (
     ApplyPatchCallOutput,
     CallDone,
@@ -62,6 +66,7 @@ __all__ = [
     "ApplyPatchCallOutput",
     "AsyncShellCallStream",
     "AsyncShellbox",
+    "AsyncTerminal",
     "AuthenticationError",
     "BadRequestError",
     "CallDone",
@@ -90,5 +95,6 @@ __all__ = [
     "Snapshot",
     "StreamError",
     "StreamEvent",
+    "Terminal",
     "WorkspaceFile",
 ]

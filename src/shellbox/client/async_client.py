@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
-from shellbox.client import wire
+from shellbox.client import terminal, wire
 from shellbox.client.errors import InvalidResponseError, status_error, transport_error
 from shellbox.client.types import (
     ApplyPatchCallOutput,
@@ -81,6 +81,37 @@ class AsyncShellbox:
 
     async def __aenter__(self) -> AsyncShellbox:
         return self
+
+    @asynccontextmanager
+    async def pty(
+        self,
+        container_id: str,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        command: str | None = None,
+        open_timeout: float = 60.0,
+    ) -> AsyncIterator[terminal.AsyncTerminal]:
+        """A terminal in the container: the sandbox user's ``bash`` in /mnt/data (or
+        ``bash -c command``), closed (and everything it started killed) when the block
+        ends. Refusals raise as every call's do (``NotFoundError``, ``RateLimitError``...)."""
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidHandshake, InvalidURI
+
+        url = terminal.pty_url(self._config.base_url, container_id, cols, rows, command)
+        try:
+            ws = await connect(
+                url,
+                additional_headers=self._config.headers(),
+                open_timeout=open_timeout,
+                max_size=None,
+            )
+        except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as exc:
+            raise terminal.refusal(exc) from exc
+        try:
+            yield terminal.AsyncTerminal(ws)
+        finally:
+            await ws.close()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
-from shellbox.client import wire
+from shellbox.client import terminal, wire
 from shellbox.client.errors import InvalidResponseError, status_error, transport_error
 from shellbox.client.types import (
     ApplyPatchCallOutput,
@@ -77,6 +77,35 @@ class Shellbox:
                 timeout=self._config.timeout.read,
             )
         return self._openai
+
+    @contextmanager
+    def pty(
+        self,
+        container_id: str,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        command: str | None = None,
+        open_timeout: float = 60.0,
+    ) -> Iterator[terminal.Terminal]:
+        """A terminal in the container (see ``AsyncShellbox.pty``)."""
+        from websockets.exceptions import InvalidHandshake, InvalidURI
+        from websockets.sync.client import connect
+
+        url = terminal.pty_url(self._config.base_url, container_id, cols, rows, command)
+        try:
+            ws = connect(
+                url,
+                additional_headers=self._config.headers(),
+                open_timeout=open_timeout,
+                max_size=None,
+            )
+        except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as exc:
+            raise terminal.refusal(exc) from exc
+        try:
+            yield terminal.Terminal(ws)
+        finally:
+            ws.close()
 
     def close(self) -> None:
         if self._owns_http:

@@ -81,6 +81,7 @@ from shellbox.errors import (
     AgentNotReachable,
     AgentOutdated,
     AgentUnavailable,
+    Conflict,
     ContainerNotFound,
     InvalidRequest,
     PortNotListening,
@@ -966,6 +967,21 @@ class OciRuntime:
         sock = self.socket_path(container_id)
         env = self.container_env(container_id)
         try:
+            return await pty_client.open_pty(sock, request, base_env=env)
+        except InvalidRequest as exc:
+            # An agent another release started (adopted unasked): one of another protocol is
+            # replaced, as ``exec`` replaces it; one of this protocol predating terminals says
+            # it does not know the op.
+            if await self._agent_is_current(sock):
+                if "unknown op" not in exc.message:
+                    raise
+                msg = (
+                    f"container {container_id} runs an agent from an earlier shellbox release, "
+                    "which has no terminals; they work in containers started since"
+                )
+                raise Conflict(msg) from None
+            log.warning("sandbox %s: its agent speaks another protocol; restarting", container_id)
+            await self.start(container_id)
             return await pty_client.open_pty(sock, request, base_env=env)
         except AgentNotReachable:
             running = await self.state(container_id) == "running"

@@ -31,13 +31,18 @@ snapshot store.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import json
 import logging
 import math
 import re
 import shlex
+import time
 import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -56,13 +61,27 @@ from agents.sandbox.session import SandboxSession, SandboxSessionState
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.dependencies import Dependencies
 from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.pty_output import collect_pty_output
+from agents.sandbox.session.pty_types import (
+    PtyExecUpdate,
+    allocate_pty_process_id,
+    clamp_pty_yield_time_ms,
+    process_id_to_prune_from_meta,
+    resolve_pty_write_yield_time_ms,
+)
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tar_bytes
 from pydantic import Field
 
-from shellbox.client import AsyncShellbox, NotFoundError, ShellboxClientError, Snapshot
+from shellbox.client import (
+    AsyncShellbox,
+    AsyncTerminal,
+    NotFoundError,
+    ShellboxClientError,
+    Snapshot,
+)
 from shellbox.client.errors import APIStatusError
 
 log = logging.getLogger("shellbox.integrations.agents")
@@ -108,6 +127,38 @@ def decode_snapshot_ref(raw: bytes) -> tuple[str, str] | None:
     if not isinstance(sid, str) or not sid or not isinstance(url, str):
         return None
     return sid, url
+
+
+# Terminals a session keeps open in its container: the server's default cap per container
+# (limits.max_ptys_per_container); past it the least recently used is closed, as the SDK's
+# own providers prune at their cap.
+MAX_PTYS = 8
+PTY_BUFFER_BYTES = 1 << 20  # output held for the model per process; past it the process waits
+# A process started without a tty: no terminal behaviour for it (a pipe as its output, no
+# echo, no CR before LF, stdin /dev/null), while it still runs on and is polled like one.
+NO_TTY = (
+    "stty -echo -onlcr 2>/dev/null; "
+    'bash -c {script} </dev/null 2>&1 | cat; exit "${{PIPESTATUS[0]}}"'
+)
+
+
+@dataclass(eq=False)
+class _PtyProcess:
+    """One process the SDK started with ``pty_exec_start``, on its own terminal."""
+
+    terminal: AsyncTerminal
+    exits: contextlib.AsyncExitStack
+    tty: bool
+    last_used: float = field(default_factory=time.monotonic)
+    output_chunks: deque[bytes] = field(default_factory=deque)
+    output_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    output_notify: asyncio.Event = field(default_factory=asyncio.Event)
+    output_closed: asyncio.Event = field(default_factory=asyncio.Event)
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+    pump: asyncio.Task[None] | None = None
+
+    def buffered(self) -> int:
+        return sum(len(c) for c in self.output_chunks)
 
 
 class ShellboxSandboxClientOptions(BaseSandboxClientOptions):
@@ -190,6 +241,8 @@ class ShellboxSandboxSession(BaseSandboxSession):
         self.state = state
         self._api = client
         self._root_ready = state.workspace_root_ready
+        self._ptys: dict[int, _PtyProcess] = {}
+        self._pty_lock = asyncio.Lock()
 
     @property
     def container_id(self) -> str:
@@ -200,9 +253,9 @@ class ShellboxSandboxSession(BaseSandboxSession):
         return self.state.container_id
 
     def supports_pty(self) -> bool:
-        # Commands run to completion through the calls endpoint; there is no interactive PTY,
-        # so exec_command runs one-shot and write_stdin is not offered.
-        return False
+        # exec_command runs on a terminal of the container (GET /v1/containers/{id}/pty), so
+        # a process may outlive its yield time and be driven with write_stdin.
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -240,17 +293,24 @@ class ShellboxSandboxSession(BaseSandboxSession):
 
     # -- exec -------------------------------------------------------------------------------
 
+    @staticmethod
+    def _without_sudo(command: tuple[str | Path, ...]) -> tuple[list[str], str | None]:
+        """The argv without the ``sudo -u USER --`` that SandboxSession adds for run_as
+        users (there is no sudo in a shellbox container, and every command already runs as
+        the sandbox user); the refusal to print instead when USER is another user."""
+        argv = [str(c) for c in command]
+        if len(argv) >= 4 and argv[0] == "sudo" and argv[1] == "-u" and argv[3] == "--":
+            user, argv = argv[2], argv[4:]
+            if user not in SANDBOX_USERS:
+                return argv, f"shellbox runs commands as the sandbox user only, not as {user!r}\n"
+        return argv, None
+
     async def _exec_internal(
         self, *command: str | Path, timeout: float | None = None
     ) -> ExecResult:
-        argv = [str(c) for c in command]
-        if len(argv) >= 4 and argv[0] == "sudo" and argv[1] == "-u" and argv[3] == "--":
-            # SandboxSession.exec adds ``sudo -u USER --`` for run_as users; there is no sudo
-            # in a shellbox container and every command already runs as the sandbox user.
-            user, argv = argv[2], argv[4:]
-            if user not in SANDBOX_USERS:
-                msg = f"shellbox runs commands as the sandbox user only, not as {user!r}\n"
-                return ExecResult(stdout=b"", stderr=msg.encode(), exit_code=1)
+        argv, refused = self._without_sudo(command)
+        if refused is not None:
+            return ExecResult(stdout=b"", stderr=refused.encode(), exit_code=1)
         script = await self._script(argv)
         timeout_ms = UNBOUNDED_TIMEOUT_MS
         if timeout is not None:
@@ -284,6 +344,151 @@ class ShellboxSandboxSession(BaseSandboxSession):
             stderr=result.stderr.encode("utf-8"),
             exit_code=result.exit_code if result.exit_code is not None else 0,
         )
+
+    # -- terminals (the SDK's PTY methods) ---------------------------------------------------
+
+    async def pty_exec_start(
+        self,
+        *command: str | Path,
+        timeout: float | None = None,
+        shell: bool | list[str] = True,
+        user: str | User | None = None,
+        tty: bool = False,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        _ = timeout  # a process lives until it exits or the session ends, as the SDK's do
+        argv, refused = self._without_sudo(
+            tuple(self._prepare_exec_command(*command, shell=shell, user=user))
+        )
+        if refused is not None:
+            return PtyExecUpdate(
+                process_id=None, output=refused.encode(), exit_code=1, original_token_count=None
+            )
+        script = await self._script(argv)
+        if not tty:
+            script = NO_TTY.format(script=shlex.quote(script))
+        exits = contextlib.AsyncExitStack()
+        try:
+            terminal = await exits.enter_async_context(
+                self._api.pty(self.state.container_id, command=script)
+            )
+        except ShellboxClientError as exc:
+            await exits.aclose()
+            # Nothing ran: the SDK may run a command without a tty one-shot instead.
+            raise ExecTransportError(
+                command=command,
+                context={"backend": "shellbox", "detail": str(exc), "retry_safe": True},
+                cause=exc,
+            ) from exc
+        entry = _PtyProcess(terminal=terminal, exits=exits, tty=tty)
+        entry.room.set()
+        entry.pump = asyncio.create_task(self._pump(entry))
+        async with self._pty_lock:
+            pruned = self._prune_ptys()
+            process_id = allocate_pty_process_id(set(self._ptys))
+            self._ptys[process_id] = entry
+        if pruned is not None:
+            await self._close_pty(pruned)
+        yield_ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
+        return await self._pty_update(
+            process_id, entry, clamp_pty_yield_time_ms(yield_ms), max_output_tokens
+        )
+
+    async def pty_write_stdin(
+        self,
+        *,
+        session_id: int,
+        chars: str,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        async with self._pty_lock:
+            entry = self._resolve_pty_session_entry(pty_processes=self._ptys, session_id=session_id)
+        if chars:
+            if not entry.tty:
+                msg = "stdin is not available for this process"  # the SDK's tools match it
+                raise RuntimeError(msg)
+            with contextlib.suppress(ShellboxClientError, ConnectionError):
+                await entry.terminal.send(chars)
+            await asyncio.sleep(0.1)  # let the process answer, as the SDK's providers do
+        yield_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
+        entry.last_used = time.monotonic()
+        return await self._pty_update(
+            session_id,
+            entry,
+            resolve_pty_write_yield_time_ms(yield_time_ms=yield_ms, input_empty=chars == ""),
+            max_output_tokens,
+        )
+
+    async def pty_terminate_all(self) -> None:
+        async with self._pty_lock:
+            entries = list(self._ptys.values())
+            self._ptys.clear()
+        for entry in entries:
+            await self._close_pty(entry)
+
+    async def _pump(self, entry: _PtyProcess) -> None:
+        """Move the terminal's output to the entry, holding the process back (by not
+        reading) while the model has not collected ``PTY_BUFFER_BYTES`` of it."""
+        try:
+            async for chunk in entry.terminal:
+                async with entry.output_lock:
+                    entry.output_chunks.append(chunk)
+                    if entry.buffered() >= PTY_BUFFER_BYTES:
+                        entry.room.clear()
+                entry.output_notify.set()
+                await entry.room.wait()
+        except ShellboxClientError as exc:  # closed by the server (container gone): ended
+            log.info("terminal of %s ended: %s", self.state.container_id, exc)
+        finally:
+            entry.output_closed.set()
+            entry.output_notify.set()
+
+    async def _pty_update(
+        self, process_id: int, entry: _PtyProcess, yield_ms: int, max_output_tokens: int | None
+    ) -> PtyExecUpdate:
+        output, tokens, closed = await collect_pty_output(
+            output_chunks=entry.output_chunks,
+            output_lock=entry.output_lock,
+            output_notify=entry.output_notify,
+            is_done=entry.output_closed.is_set,
+            yield_time_ms=yield_ms,
+            max_output_tokens=max_output_tokens,
+        )
+        entry.room.set()
+        if not closed:
+            return PtyExecUpdate(
+                process_id=process_id, output=output, exit_code=None, original_token_count=tokens
+            )
+        async with self._pty_lock:
+            removed = self._ptys.pop(process_id, None)
+        if removed is not None:
+            await self._close_pty(removed)
+        code = entry.terminal.exit_code
+        return PtyExecUpdate(
+            process_id=None,
+            output=output,
+            exit_code=code if code is not None else 1,
+            original_token_count=tokens,
+        )
+
+    def _prune_ptys(self) -> _PtyProcess | None:
+        if len(self._ptys) < MAX_PTYS:
+            return None
+        meta = [(pid, e.last_used, e.output_closed.is_set()) for pid, e in self._ptys.items()]
+        victim = process_id_to_prune_from_meta(meta)
+        return None if victim is None else self._ptys.pop(victim, None)
+
+    @staticmethod
+    async def _close_pty(entry: _PtyProcess) -> None:
+        """Close the terminal (the server kills what it started) and stop its pump."""
+        await entry.exits.aclose()
+        entry.room.set()
+        if entry.pump is not None:
+            entry.pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await entry.pump
 
     async def _script(self, argv: list[str]) -> str:
         """The bash script for one argv: the workspace as cwd, the manifest's environment."""

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(crun runc postgresql btrfs-progs mmdebstrap nftables iproute2 util-linux procps golang-github-containers-common ca-certificates
+DEBS=(crun runc postgresql haproxy btrfs-progs mmdebstrap nftables iproute2 util-linux procps golang-github-containers-common ca-certificates
   podman   # scripts/image.sh loads the deployment image into it; tests/deploy/ runs it
   chromium)  # the console tests drive it headless (tests/api/test_console.py)
 missing=()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import cluster_lane as lane
 import pg_helpers as postgres
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
@@ -268,8 +269,13 @@ def server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Ser
 
 
 @pytest.fixture(scope="session")
-def server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    """The shared server: API keys exist, so only real keys work (project 'test')."""
+def server(server_factory: Callable[..., ServerProcess], request: pytest.FixtureRequest) -> Any:
+    """The shared server: API keys exist, so only real keys work (project 'test'). In the
+    cluster lane (SHELLBOX_TEST_CLUSTER=1), a local cluster behind HAProxy."""
+    if lane.cluster_lane():
+        remote = lane.ClusterServer(request.getfixturevalue("local_cluster"))
+        remote.env["SHELLBOX_TEST_KEY"] = remote.create_key("test")
+        return remote
     srv = server_factory(start=False)
     srv.env["SHELLBOX_TEST_KEY"] = srv.create_key("test")
     return srv.start()
@@ -294,3 +300,17 @@ def http(server: ServerProcess, api_key: str) -> Iterator[httpx.Client]:
         base_url=server.root_url, timeout=120, headers={"authorization": f"Bearer {api_key}"}
     ) as c:
         yield c
+
+
+# -- the API suite against a local cluster (cluster_lane.py) -----------------------------------
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Any]:
+    """A cluster for the session: PostgreSQL, nodes node1 and node2, replicas api1 and api2,
+    HAProxy."""
+    cluster = lane.start_local_cluster("shellbox-cluster-")
+    try:
+        yield cluster
+    finally:
+        lane.remove_local_cluster(cluster)

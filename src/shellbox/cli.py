@@ -221,6 +221,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         egress["hosts_file"] = Path(args.egress_hosts_file).resolve()
     if egress:
         extra["egress"] = egress
+    cluster: dict[str, Any] = {}
+    if args.role:
+        cluster["role"] = args.role
+    if args.cluster_key_file:
+        cluster["key_file"] = Path(args.cluster_key_file).resolve()
+    if cluster:
+        extra["cluster"] = cluster
     settings = _settings(args, **extra)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Checked before anything is built: with no keys every bearer token is accepted, which is
@@ -479,6 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--egress-hosts-file", metavar="FILE", help="hosts-file overrides for upstream names"
+    )
+    serve.add_argument(
+        "--role", choices=["all", "api"],
+        help="'api': a replica that runs no sandbox and places containers on the nodes "
+        "registered in the (PostgreSQL) database; default 'all': this machine's sandboxes",
+    )  # fmt: skip
+    serve.add_argument(
+        "--cluster-key-file", metavar="FILE", help="the key replicas present to nodes (0600)"
     )
     serve.set_defaults(func=cmd_serve)
 

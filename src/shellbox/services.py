@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shellbox.cluster import ClusterRuntime, Connect, Lease
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
-from shellbox.errors import SandboxError
+from shellbox.errors import InvalidRequest, SandboxError
 from shellbox.responses.service import ResponsesService
 from shellbox.sandbox import Runtime, create_runtime
 from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
@@ -38,6 +39,7 @@ from shellbox.settings import Settings
 from shellbox.skills import SkillService
 from shellbox.skills import install as install_skills
 from shellbox.store import Database, Stores, create_database, create_stores
+from shellbox.store.blobs import BlobStore, SqlBlobStore
 
 log = logging.getLogger("shellbox.services")
 
@@ -69,6 +71,9 @@ class Services:
     # The egress namespaces and proxy of the runtime built here (None: a runtime given from
     # outside, e.g. a node's, which has its own).
     network: EgressNetwork | None = None
+    # 'api': a replica in front of sandbox nodes (``cluster.role``), whose runtime is a
+    # ``ClusterRuntime``: the nodes recover and sweep their own containers.
+    role: str = "all"
 
     async def start(self) -> None:
         """Recover what a previous run left, then start background work."""
@@ -77,9 +82,10 @@ class Services:
         if self.network is not None:
             await self.network.start()
         await self.egress.start()
-        await self.containers.recover()
-        await self.snapshots.sweep()
-        self.files.start()
+        if self.role != "api":
+            await self.containers.recover()
+            await self.snapshots.sweep()
+        self.files.start(sweep_containers=self.role != "api")
         self.containers.start_reaper()
 
     async def close(self) -> None:
@@ -102,19 +108,42 @@ class Services:
         self.db.dispose()
 
 
-def create_services(settings: Settings, runtime: Runtime | None = None) -> Services:
+def create_services(
+    settings: Settings, runtime: Runtime | None = None, *, connect: Connect | None = None
+) -> Services:
     """The one composition root: the core services, then each feature with the collaborators
-    it needs, hooked into container creation and the calls endpoint."""
+    it needs, hooked into container creation and the calls endpoint. ``connect``: how an API
+    replica reaches a node (default: over HTTP with the cluster key)."""
+    api = settings.cluster.role == "api"
+    if api:
+        settings = _api_settings(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
     network = None
-    if runtime is None and settings.cluster.node_url is not None:
+    if api:
+        if runtime is None:
+            runtime = ClusterRuntime(
+                stores.nodes,
+                connect or remote_nodes(settings),
+                node_timeout_s=settings.cluster.node_timeout_s,
+                spool_dir=settings.private_dir() / "skill-spool",
+            )
+    elif runtime is None and settings.cluster.node_url is not None:
         runtime = _node_runtime(settings)
-    if runtime is None:
+    elif runtime is None:
         network = EgressNetwork(settings, stores.egress)
         runtime = create_runtime(settings, network=network)
     return _compose(settings, db, stores, runtime, network)
+
+
+def remote_nodes(settings: Settings) -> Connect:
+    """How an API replica reaches a registered node: ``RemoteRuntime`` at the URL it
+    registered, with the cluster key."""
+    assert settings.cluster.key_file is not None  # (checked by _api_settings)
+    key = load_cluster_key(settings.cluster.key_file)
+    timeout_s = settings.cluster.node_connect_timeout_s
+    return lambda node: RemoteRuntime(node.url, key, connect_timeout_s=timeout_s)
 
 
 def _node_runtime(settings: Settings) -> RemoteRuntime:
@@ -140,10 +169,19 @@ def _compose(
 ) -> Services:
     """Everything above the runtime, whichever runtime it is (``network``: the egress
     collaborator of a runtime built here, whose start, stop and audit this process owns)."""
+    api = settings.cluster.role == "api"
+    # Uploaded bytes every API replica must reach live in the database; one server keeps
+    # them in its state directory.
+    blobs: BlobStore | None = SqlBlobStore(db) if api else None
     limits = ShellLimits.from_settings(settings.limits)
     keys = KeyService(stores.keys, open_allowed=is_loopback(settings.server.host))
     containers = ContainerService(settings, stores.containers, runtime, stores.snapshots)
-    files = FileService(settings, stores.files, stores.container_files, containers)
+    if api:
+        # Three reaper rounds without a renewal: the holder is gone, another replica takes over.
+        containers.lease = Lease(stores.leases, "reaper", 3 * settings.lifecycle.reaper_interval_s)
+    files = FileService(
+        settings, stores.files, stores.container_files, containers, blobs, shared_index=api
+    )
     calls = CallService(containers, files, limits)
     snapshots = SnapshotService(stores.snapshots, containers)
     idempotency = IdempotencyService(
@@ -154,7 +192,7 @@ def _compose(
     )
     patcher = PatchService(containers, files)
     calls.handlers["apply_patch_call"] = patcher.apply_patch_call
-    skills = install_skills(settings, stores.skills, stores.containers, runtime)
+    skills = install_skills(settings, stores.skills, stores.containers, runtime, blobs)
     spec = partial(default_spec, settings)
     egress = install_egress(
         settings,
@@ -168,6 +206,7 @@ def _compose(
     # first, then skills' mounts, then egress's policy.
     containers.attach(files)
     containers.attach(KeyedCreations(idempotency))
+    containers.each_round.append(idempotency.heartbeat)
     metering = MeteringService(settings.metering, stores.usage, Metrics(stores.stats))
     containers.attach(metering)
     containers.attach(skills.in_containers)
@@ -201,4 +240,27 @@ def _compose(
         ports,
         pty,
         network,
+        settings.cluster.role,
     )
+
+
+def _api_settings(settings: Settings) -> Settings:
+    """An API replica's settings: checked, and with no warm pool (pooled containers live on
+    the nodes, which keep their own)."""
+    url = settings.database_url()
+    if not url.startswith("postgresql"):
+        msg = (
+            "cluster.role 'api' needs store.database_url to be a PostgreSQL URL: every replica "
+            "and node shares that database (--database-url postgresql+psycopg://...)"
+        )
+        raise InvalidRequest(msg, param="database_url")
+    if settings.cluster.key_file is None:
+        msg = (
+            "cluster.role 'api' needs cluster.key_file (--cluster-key-file FILE): the key the "
+            "replicas present to the nodes"
+        )
+        raise InvalidRequest(msg, param="cluster.key_file")
+    settings = settings.model_copy(deep=True)
+    settings.lifecycle.warm_pool_size = 0
+    settings.egress.warm_containers = 0
+    return settings

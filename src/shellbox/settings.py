@@ -275,13 +275,39 @@ class SkillSettings(_Section):
 
 
 class ClusterSettings(_Section):
+    """Many machines: API replicas (``role = "api"``) in front of sandbox nodes, sharing one
+    PostgreSQL database (README, "Many machines")."""
+
+    role: Literal["all", "api"] = Field(
+        "all",
+        description="'all': one server runs the API and the sandboxes of this machine (the "
+        "default); 'api': a replica that runs no sandbox and places containers on the sandbox "
+        "nodes registered in the database (needs PostgreSQL and cluster.key_file)",
+    )
+    key_file: Path | None = Field(
+        None,
+        description="the file holding the cluster key replicas present to nodes (keep it 0600; "
+        "the same file on every replica and node)",
+    )
+    node_timeout_s: float = Field(
+        15,
+        gt=0,
+        description="a node silent this long (no heartbeat) is lost: its containers answer 503 "
+        "node_unavailable and new containers go to other nodes, until it is back",
+    )
+    heartbeat_s: float = Field(
+        3, gt=0, description="how often a node reports itself alive (well under node_timeout_s)"
+    )
+    node_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="memory a node offers its containers, the sum of their memory_limit "
+        "(placement's first rule); default: the machine's",
+    )
     node_url: str | None = Field(
         None,
         description="run this server's sandboxes on the `shellbox node` at this URL instead of "
         "this machine (one node; placement over many is the api role's)",
-    )
-    key_file: Path | None = Field(
-        None, description="the cluster key nodes and API servers share (a 0600 file)"
     )
     node_connect_timeout_s: float = Field(
         3.0, gt=0, description="how long reaching a node may take before it is unavailable"

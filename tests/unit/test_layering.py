@@ -29,7 +29,7 @@ LAYERS = [
     {"services"},
     {"responses"},
     {"service"},
-    {"egress", "skills", "features", "sandbox", "store", "patch", "agent"},
+    {"egress", "skills", "features", "sandbox", "store", "patch", "agent", "cluster"},
     {"settings", "errors", "ids", "types", "memory", "principal", "__init__"},
 ]
 

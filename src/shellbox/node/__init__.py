@@ -10,10 +10,12 @@ it through ``RemoteRuntime`` (``shellbox.sandbox.remote``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
 
+from shellbox.cluster import NodeRegistration
 from shellbox.egress.network import EgressNetwork
 from shellbox.node.app import create_node_app
 from shellbox.node.info import NodeInfo, node_info
@@ -22,6 +24,7 @@ from shellbox.settings import Settings
 from shellbox.store import create_database, create_stores
 
 __all__ = ["Node", "NodeInfo", "build_node", "node_info"]
+log = logging.getLogger("shellbox.node")
 
 
 @dataclass
@@ -40,10 +43,31 @@ def build_node(settings: Settings, cluster_key: str, info: NodeInfo) -> Node:
     stores = create_stores(db)
     network = EgressNetwork(settings, stores.egress)
     runtime = create_runtime(settings, network=network)
+    memory_gb = settings.cluster.node_memory_gb
+    registration = NodeRegistration(
+        stores.nodes,
+        runtime,
+        name=info.name,
+        url=info.advertise_url,
+        memory_bytes=int(memory_gb * (1 << 30)) if memory_gb else info.memory_bytes,
+        heartbeat_s=settings.cluster.heartbeat_s,
+    )
+
+    async def start() -> None:
+        await network.start()
+        # Back after a crash or a reboot: its containers run again, files intact (adopted
+        # when their agent still answers), before the replicas are told it is up.
+        recovered = await runtime.recover()
+        if recovered:
+            log.info("node %s recovered %d containers: %s", info.name, len(recovered), recovered)
+        await registration.start()
 
     async def stop() -> None:
-        await network.close()
-        db.dispose()
+        try:
+            await registration.stop()  # a clean stop: nothing is placed here from now on
+        finally:
+            await network.close()
+            db.dispose()
 
-    app = create_node_app(runtime, cluster_key, info, on_start=network.start, on_stop=stop)
+    app = create_node_app(runtime, cluster_key, info, on_start=start, on_stop=stop)
     return Node(info, runtime, network, app)

@@ -16,14 +16,15 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 from shellbox.errors import (
     Conflict,
     ContainerNotFound,
     ContainerNotRunning,
     InvalidRequest,
+    NodeUnavailable,
     QuotaExceeded,
     SandboxError,
     SnapshotNotFound,
@@ -41,6 +42,13 @@ from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, resp
 
 log = logging.getLogger("shellbox.containers")
 DEFAULT_MEMORY: MemoryLimit = "1g"
+
+
+class Lease(Protocol):
+    """Background work held by one process at a time (``shellbox.cluster.Lease``)."""
+
+    def hold(self) -> bool: ...
+    def release(self) -> None: ...
 
 
 class ContainerService:
@@ -74,6 +82,12 @@ class ContainerService:
         # in, the database counts them: counting them here too refused creates below the cap)
         self._creating: dict[str, list[str]] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # API replicas (``cluster.role = "api"``): the reaper's shared work (sleep, expiry,
+        # features' housekeeping) runs only while this lease is held, so once across replicas;
+        # None: this process is the only one (it always runs it).
+        self.lease: Lease | None = None
+        # What every process does each reaper round, lease or not (e.g. report itself alive).
+        self.each_round: list[Callable[[], Awaitable[None]]] = []
         # Started containers kept ready, by the network policy type they serve.
         self.pools: dict[PolicyType, WarmPool] = {
             "disabled": WarmPool(
@@ -363,9 +377,14 @@ class ContainerService:
         async with self._lock(cid):
             await self._end(record, "deleted")
 
-    async def _end(self, record: ContainerRecord, status: str) -> None:
+    async def _end(
+        self, record: ContainerRecord, status: str, *, idle_since: int | None = None
+    ) -> None:
         """Destroy processes and files; mark ``expired`` or ``deleted`` (an expired container
-        that is then deleted keeps ``expired`` as its last status, hidden)."""
+        that is then deleted keeps ``expired`` as its last status, hidden). ``idle_since``:
+        the reaper's expiry of a container idle since then, which only the process whose
+        conditional update marks it expired completes (features released, logged): of two
+        API replicas at it at once, one does it."""
         was_live = record.status in LIVE
         new_status: ContainerStatus = record.status
         if was_live:
@@ -377,6 +396,14 @@ class ContainerService:
             for feature in self.features:
                 await feature.stopping(record, new_status)
             await self.runtime.destroy(record.id)
+            if idle_since is not None:
+                if not self.store.transition(
+                    record.id, "expired", expected=LIVE, idle_since=idle_since
+                ):
+                    log.info("container %s: expired by another process", record.id)
+                    self._locks.pop(record.id, None)
+                    return
+                log.info("container %s expired", record.id)
             for feature in self.features:
                 try:
                     await feature.release(record)
@@ -484,7 +511,13 @@ class ContainerService:
         self.store.touch([(cid, int(time.time()))])
 
     def flush_activity(self) -> None:
-        """Write the activity noted in memory to the database."""
+        """Write the activity noted in memory to the database. A container running a call
+        is active for as long as the call runs: another replica's reaper, which only sees the
+        database, must not put it to sleep under the call."""
+        for cid in self._busy:
+            live = self._live.get(cid)
+            if live is not None:
+                self._note_activity(live)
         dirty = [self._live[c] for c in self._dirty if c in self._live]
         self._dirty.clear()
         if not dirty:
@@ -548,6 +581,13 @@ class ContainerService:
             if live is not None:
                 self._note_activity(live)
         self.flush_activity()
+        for step in self.each_round:
+            try:
+                await step()
+            except Exception:
+                log.exception("reaper step %s failed", getattr(step, "__qualname__", step))
+        if self.lease is not None and not self.lease.hold():
+            return  # another replica does the shared work
         now = int(time.time())
         lc = self.settings.lifecycle
         for row in self.store.live():
@@ -569,9 +609,11 @@ class ContainerService:
                     ):
                         continue
                     if expire:
-                        await self._end(record, "expired")
+                        await self._end(record, "expired", idle_since=seen)
                     else:
-                        await self._sleep(record)
+                        await self._sleep(record, idle_since=seen)
+            except NodeUnavailable as exc:  # it stays as it is until its node is back
+                log.warning("reaper: %s", exc)
             except Exception:
                 log.exception("reaper failed on container %s", record.id)
         for feature in self.features:
@@ -580,9 +622,11 @@ class ContainerService:
             except Exception:
                 log.exception("housekeeping of %s failed", type(feature).__qualname__)
 
-    async def _sleep(self, record: ContainerRecord) -> None:
+    async def _sleep(self, record: ContainerRecord, *, idle_since: int) -> None:
         """Idle: freeze its processes (they keep their memory and answer after the next
-        call), or with ``lifecycle.idle_sleep = "stop"`` end them (memory freed)."""
+        call), or with ``lifecycle.idle_sleep = "stop"`` end them (memory freed). Marked
+        ``sleeping`` by a conditional update: of two API replicas at it at once (both
+        freezing a frozen container changes nothing), one does it."""
         for feature in self.features:
             await feature.stopping(record, "sleeping")
         if self.settings.lifecycle.idle_sleep == "freeze":
@@ -590,12 +634,26 @@ class ContainerService:
                 await self.runtime.pause(record.id)
         else:
             await self.runtime.stop(record.id)
-        self._set_status(record.id, "sleeping")
+        if self.store.transition(
+            record.id, "sleeping", expected=("running",), idle_since=idle_since
+        ):
+            log.info("container %s fell asleep", record.id)
+        else:
+            [row] = self.store.by_ids([record.id]) or [record]
+            if row.status == "running":  # a call on another replica came first: undo
+                await self._thaw_or_start(record)
+                return
+        live = self._live.get(record.id)
+        if live is not None:
+            live.status = "sleeping"
 
     async def _reap_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.lifecycle.reaper_interval_s)
-            await self.reap_once()
+            try:
+                await self.reap_once()
+            except Exception:  # the database away for a moment: the next round tries again
+                log.exception("reaper round failed")
 
     def start_reaper(self) -> None:
         """Start the background work: the reaper, and filling the warm pools (after
@@ -614,6 +672,8 @@ class ContainerService:
         for pool in self.pools.values():
             await pool.close()
         self.flush_activity()
+        if self.lease is not None:
+            self.lease.release()  # another replica takes the work over at once
 
     async def recover(self) -> None:
         """After a (possibly unclean) restart: adopt or restart every running container, stop

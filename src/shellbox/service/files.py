@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import anyio
 
@@ -27,6 +26,7 @@ from shellbox.service.containers import ContainerService
 from shellbox.service.models import ContainerFileRecord, ContainerRecord, FileRecord, Principal
 from shellbox.settings import Settings
 from shellbox.store import ContainerFileStore, FileStore
+from shellbox.store.blobs import BlobStore, FsBlobStore
 
 log = logging.getLogger("shellbox.files")
 STALE_UPLOAD_S = 3600  # a temporary upload file untouched this long was left by a crash
@@ -46,13 +46,22 @@ class FileService(ContainerFeature):
         files: FileStore,
         container_files: ContainerFileStore,
         containers: ContainerService,
+        blobs: BlobStore | None = None,
+        *,
+        shared_index: bool = False,
     ) -> None:
         self.settings = settings
         self.store = files
         self.index_store = container_files
         self.containers = containers
+        # Uploads are received here (``temp_path``) and then kept by ``blobs``: by default
+        # files in this same directory (one machine), else the database (API replicas).
         self.blob_dir = settings.state_dir / "files"
         self.blob_dir.mkdir(parents=True, exist_ok=True)
+        self.blobs: BlobStore = blobs or FsBlobStore(self.blob_dir)
+        # API replicas: other processes index the same containers' files, so each sync starts
+        # from the rows (one query), not from what this process saw last.
+        self.shared_index = shared_index
         containers.copy_files = self.copy_into_container
         self._next_purge = 0.0
         self._sweeper: asyncio.Task[None] | None = None
@@ -68,14 +77,17 @@ class FileService(ContainerFeature):
 
     # -- start-up -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, sweep_containers: bool = True) -> None:
         """Remove what uploads cut off by a crash left: the Files API's temporaries at once
         (one directory, and no upload is in flight before the server listens), and every
         container's ``.shellbox-upload-*`` in a worker thread in the background, so that
         start-up does not wait for a walk of every data directory (``Runtime.sweep_uploads``
-        keeps the temporaries of uploads this process starts meanwhile)."""
+        keeps the temporaries of uploads this process starts meanwhile). An API replica
+        leaves the containers' to their nodes (``sweep_containers=False``)."""
         for tmp in self.blob_dir.glob(".upload-*"):
             tmp.unlink(missing_ok=True)
+        if not sweep_containers:
+            return
         ids = self.containers.store.ids()
         if ids:
             self._sweeper = asyncio.create_task(self._sweep(ids), name="shellbox-upload-sweep")
@@ -104,9 +116,6 @@ class FileService(ContainerFeature):
 
     # -- Files API --------------------------------------------------------------------------
 
-    def _blob(self, file_id: str) -> Path:
-        return self.blob_dir / file_id
-
     def create_file(
         self,
         principal: Principal,
@@ -134,8 +143,12 @@ class FileService(ContainerFeature):
             now,
             now + expires_after_seconds if expires_after_seconds else None,
         )
-        os.replace(src, self._blob(record.id))
-        self.store.insert(record)
+        self.blobs.put(record.id, src)
+        try:
+            self.store.insert(record)
+        except BaseException:
+            self.blobs.delete([record.id])
+            raise
         return record
 
     def temp_path(self) -> Path:
@@ -168,21 +181,20 @@ class FileService(ContainerFeature):
 
     def file_content(self, principal: Principal, file_id: str) -> Iterator[bytes]:
         self.get_file(principal, file_id)
-        return _read_blob(self._open_blob(file_id))
+        return self._open_blob(file_id)
 
-    def _open_blob(self, file_id: str) -> BinaryIO:
-        """Opened at once: a file that expires now (and is purged) is then still readable,
-        and one purged before is a 404, not a failure half-way through."""
-        try:
-            return open(self._blob(file_id), "rb")  # closed by _read_blob
-        except FileNotFoundError:
+    def _open_blob(self, file_id: str) -> Iterator[bytes]:
+        """Opened at once: one purged before is a 404, not a failure half-way through."""
+        blob = self.blobs.open(file_id)
+        if blob is None:
             msg = f"No file found with id '{file_id}'."
-            raise FileNotFound(msg, param="file_id") from None
+            raise FileNotFound(msg, param="file_id")
+        return blob.chunks
 
     def delete_file(self, principal: Principal, file_id: str) -> None:
         self.get_file(principal, file_id)
         self.store.delete(file_id)
-        self._blob(file_id).unlink(missing_ok=True)
+        self.blobs.delete([file_id])
 
     async def housekeep(self) -> None:
         """Delete Files API files past their ``expires_after`` (rows and bytes), and uploads
@@ -194,8 +206,7 @@ class FileService(ContainerFeature):
         ids = self.store.purge_expired(int(now))
 
         def unlink() -> None:
-            for fid in ids:
-                self._blob(fid).unlink(missing_ok=True)
+            self.blobs.delete(ids)
             for tmp in self.blob_dir.glob(".upload-*"):
                 with contextlib.suppress(OSError):
                     if tmp.stat().st_mtime < now - STALE_UPLOAD_S:
@@ -234,7 +245,7 @@ class FileService(ContainerFeature):
             return await self._index_written(cid, record.filename)
 
     def _blob_chunks(self, record: FileRecord) -> Iterator[bytes]:
-        return _read_blob(self._open_blob(record.id))
+        return self._open_blob(record.id)
 
     async def _write(self, cid: str, filename: str, chunks: Iterator[bytes], param: str) -> None:
         rel = relative_path(filename, param=param)
@@ -290,6 +301,8 @@ class FileService(ContainerFeature):
         lock = self._scan_locks.setdefault(cid, asyncio.Lock())
         async with lock:
             found = await self.containers.runtime.list_files(cid)
+            if self.shared_index:
+                self._known.pop(cid, None)  # read again from the rows
             return self._apply_scan(cid, found)
 
     def _apply_scan(self, cid: str, found: list[FileInfo]) -> list[ContainerFileRecord]:
@@ -369,12 +382,6 @@ class FileService(ContainerFeature):
             known.pop(record.path, None)
         self._changed_at.get(cid, {}).pop(record.path, None)
         self.containers.touch(cid)
-
-
-def _read_blob(f: BinaryIO) -> Iterator[bytes]:
-    with f:
-        while data := f.read(1 << 16):
-            yield data
 
 
 def _capped(chunks: Iterator[bytes], cap: int) -> Iterator[bytes]:

@@ -183,6 +183,10 @@ class IdempotencyService:
     def attach(self, claim: Claim, resource_id: str) -> None:
         self.store.attach(claim.project, claim.key, self.run, resource_id)
 
+    async def heartbeat(self) -> None:
+        """Report this run alive (every process, each reaper round: its claims stay its own)."""
+        self.store.heartbeat(self.run, int(time.time()))
+
     async def purge_expired(self) -> None:
         """Each reaper round: report this run alive; forget keys older than the TTL (at most once
         a minute)."""

@@ -22,7 +22,7 @@ import contextlib
 import io
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -125,9 +125,13 @@ class SkillMounts(ContainerFeature):
         max_per_container: int,
         resolve: Resolve,
         runtime: Runtime,
+        fetch: Callable[[str, int], Awaitable[None]] | None = None,
     ) -> None:
         self.resolve = resolve  # ``SkillService.resolve``
         self.runtime = runtime
+        # API replicas: ``SkillService.fetch``, which makes a version's files here from the
+        # bundle another replica stored in the database.
+        self.fetch = fetch
         self.paths = paths
         self.skills = skills
         self.containers = container_rows
@@ -195,6 +199,8 @@ class SkillMounts(ContainerFeature):
             if isinstance(plan, _Reference):
                 v = plan.version
                 source = self.paths.files(v.skill_id, v.version)
+                if not source.is_dir() and self.fetch is not None:
+                    await self.fetch(v.skill_id, v.version)  # uploaded through another replica
                 if not source.is_dir():
                     msg = f"the files of skill {v.skill_id} version {v.version} are missing"
                     raise ShellboxError(msg)

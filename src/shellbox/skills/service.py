@@ -24,11 +24,12 @@ from shellbox.ids import new_id
 from shellbox.principal import Principal
 from shellbox.sandbox import Runtime
 from shellbox.settings import Settings
-from shellbox.skills.bundle import BundleUpload, Caps, Manifest, stage
+from shellbox.skills.bundle import BundleUpload, Caps, Manifest, stage, unpack_zip
 from shellbox.skills.models import SkillRecord, SkillVersionRecord, VersionRef, parse_version
 from shellbox.skills.mounts import SkillMounts
 from shellbox.skills.paths import SkillPaths, remove
 from shellbox.store import ContainerStore, SkillStore
+from shellbox.store.blobs import BlobStore
 from shellbox.store.db import Order
 from shellbox.store.skills import NewVersion
 
@@ -40,9 +41,13 @@ class SkillService:
         store: SkillStore,
         container_rows: ContainerStore,
         runtime: Runtime,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        # API replicas: every bundle is kept in the database too, and a replica that lacks a
+        # version's files (another one received the upload) fetches and unpacks them.
+        self.blobs = blobs
         self.caps = Caps.from_settings(settings.skills)
         self.paths = SkillPaths(settings.state_dir)
         self.paths.ensure()
@@ -54,6 +59,7 @@ class SkillService:
             max_per_container=settings.skills.max_per_container,
             resolve=self.resolve,
             runtime=runtime,
+            fetch=self.fetch if blobs is not None else None,
         )
 
     async def start(self) -> None:
@@ -94,6 +100,8 @@ class SkillService:
         ref = None if version is None else _path_version(version)
         record = self.resolve(principal, skill_id, ref, param="version")
         path = self.paths.bundle(record.skill_id, record.version)
+        if self.blobs is not None and not path.exists():
+            self._fetch(record.skill_id, record.version)
         try:
             f = open(path, "rb")  # noqa: SIM115 - the response streams and closes it
         except FileNotFoundError:  # deleted between the lookup and here
@@ -101,6 +109,44 @@ class SkillService:
             raise SkillNotFound(msg, param="version") from None
         size = Path(path).stat().st_size
         return f, size, f"{record.name}-{record.version}.zip"
+
+    # -- shared bundles (API replicas) --------------------------------------------------------
+
+    def _place(self, staged: Path, skill_id: str, number: int) -> Path:
+        """Move a checked upload to its version's place, and keep its bundle for the other
+        replicas (in the version's transaction: a failed one removes it again)."""
+        placed = self.paths.place(staged, skill_id, number)
+        if self.blobs is not None:
+            self.blobs.put(bundle_key(skill_id, number), placed / "bundle.zip")
+        return placed
+
+    def _forget(self, skill_id: str, numbers: list[int]) -> None:
+        if self.blobs is not None:
+            self.blobs.delete([bundle_key(skill_id, n) for n in numbers])
+
+    async def fetch(self, skill_id: str, number: int) -> None:
+        """Make a version's files here from its bundle in the database (another replica
+        received the upload); nothing if they are here already."""
+        await anyio.to_thread.run_sync(self._fetch, skill_id, number)
+
+    def _fetch(self, skill_id: str, number: int) -> None:
+        if self.blobs is None or self.paths.files(skill_id, number).is_dir():
+            return
+        blob = self.blobs.open(bundle_key(skill_id, number))
+        if blob is None:
+            msg = f"Skill '{skill_id}' has no version '{number}'."
+            raise SkillNotFound(msg, param="version")
+        staged = self.paths.new_staging()
+        try:
+            bundle = staged / "bundle.zip"
+            with open(bundle, "wb") as out:
+                for chunk in blob.chunks:
+                    out.write(chunk)
+            unpack_zip(bundle, blob.size, staged / "files", self.caps)
+            if not self.paths.files(skill_id, number).is_dir():  # (a concurrent fetch)
+                self.paths.place(staged, skill_id, number)
+        finally:
+            remove(staged)
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -121,11 +167,12 @@ class SkillService:
                 principal.project,
                 skill_id,
                 _new_version(manifest),
-                lambda: self.paths.place(staged, skill_id, 1),  # in the transaction
+                lambda: self._place(staged, skill_id, 1),  # in the transaction
             )
         except BaseException:
             remove(staged)
             remove(self.paths.skill_dir(skill_id))
+            self._forget(skill_id, [1])
             raise
 
     async def create_version(
@@ -133,19 +180,20 @@ class SkillService:
     ) -> SkillVersionRecord:
         self.get(principal, skill_id)  # a 404 before reading the upload
         staged, manifest = await self._stage(upload)
-        placed: list[Path] = []
+        placed: list[tuple[Path, int]] = []
         try:
             return self.store.add_version(
                 principal.project,
                 skill_id,
                 _new_version(manifest),
                 make_default=make_default,
-                place=lambda number: placed.append(self.paths.place(staged, skill_id, number)),
+                place=lambda number: placed.append((self._place(staged, skill_id, number), number)),
             )
         except BaseException:
             remove(staged)
-            for path in placed:
+            for path, _ in placed:
                 remove(path)
+            self._forget(skill_id, [n for _, n in placed])
             raise
 
     def update(self, principal: Principal, skill_id: str, default_version: object) -> SkillRecord:
@@ -159,6 +207,7 @@ class SkillService:
 
     async def delete(self, principal: Principal, skill_id: str) -> None:
         numbers = self.store.delete(principal.project, skill_id)
+        self._forget(skill_id, numbers)
         await self.in_containers.collect({(skill_id, n) for n in numbers})
 
     async def delete_version(
@@ -176,8 +225,13 @@ class SkillService:
                 raise InvalidRequest(msg, param="version")
 
         record = self.store.delete_version(principal.project, skill_id, ref, not_the_default)
+        self._forget(skill_id, [record.version])
         await self.in_containers.collect({(skill_id, record.version)})
         return record
+
+
+def bundle_key(skill_id: str, number: int) -> str:
+    return f"skills/{skill_id}/{number}.zip"
 
 
 def _path_version(raw: str) -> VersionRef:

@@ -19,7 +19,9 @@ from shellbox.store.files import (
 )
 from shellbox.store.idempotency import IdempotencyStore, SqlIdempotencyStore
 from shellbox.store.keys import KeyStore, SqlKeyStore
+from shellbox.store.leases import LeaseStore, SqlLeaseStore
 from shellbox.store.metering import SqlStatsStore, SqlUsageStore, StatsStore, UsageStore
+from shellbox.store.nodes import NodeRecord, NodeStore, SqlNodeStore
 from shellbox.store.responses import ResponseStore, SqlResponseStore
 from shellbox.store.skills import SkillStore, SqlSkillStore
 from shellbox.store.snapshots import (
@@ -47,6 +49,8 @@ class Stores:
     snapshots: SnapshotStore
     usage: UsageStore
     stats: StatsStore
+    nodes: NodeStore
+    leases: LeaseStore
 
 
 def create_stores(db: Database) -> Stores:
@@ -63,6 +67,8 @@ def create_stores(db: Database) -> Stores:
         snapshots=SqlSnapshotStore(db),
         usage=SqlUsageStore(db),
         stats=SqlStatsStore(db),
+        nodes=SqlNodeStore(db),
+        leases=SqlLeaseStore(db),
     )
 
 
@@ -74,6 +80,9 @@ __all__ = [
     "FileStore",
     "IdempotencyStore",
     "KeyStore",
+    "LeaseStore",
+    "NodeRecord",
+    "NodeStore",
     "Quota",
     "ResponseStore",
     "SkillStore",

@@ -44,6 +44,14 @@ class ContainerStore(Protocol):
     def insert_within(self, record: ContainerRecord, quota: Quota) -> Usage | None: ...
     def remove(self, cid: str) -> None: ...
     def set_status(self, cid: str, status: ContainerStatus, *, deleted: bool = False) -> None: ...
+    def transition(
+        self,
+        cid: str,
+        status: ContainerStatus,
+        *,
+        expected: Sequence[ContainerStatus],
+        idle_since: int,
+    ) -> bool: ...
     def touch(self, activity: Iterable[tuple[str, int]]) -> None: ...
     def live(self) -> list[ContainerRecord]: ...
     def all(self) -> list[ContainerRecord]: ...
@@ -151,6 +159,30 @@ class SqlContainerStore:
             values["deleted"] = True
         with self.db.begin() as conn:
             conn.execute(update(containers).where(containers.c.id == cid).values(**values))
+
+    def transition(
+        self,
+        cid: str,
+        status: ContainerStatus,
+        *,
+        expected: Sequence[ContainerStatus],
+        idle_since: int,
+    ) -> bool:
+        """Move the container to ``status`` if it is in one of ``expected`` and has seen no
+        activity after ``idle_since``; whether it did. One conditional statement: of two
+        processes putting one container to sleep (or expiring it) at once, one does it."""
+        with self.db.begin() as conn:
+            done = conn.execute(
+                update(containers)
+                .where(
+                    containers.c.id == cid,
+                    containers.c.status.in_(list(expected)),
+                    containers.c.deleted.is_(False),
+                    containers.c.last_active_at <= idle_since,
+                )
+                .values(status=status)
+            )
+        return bool(done.rowcount)
 
     def touch(self, activity: Iterable[tuple[str, int]]) -> None:
         """Renew last_active_at; never moves it back (another server may have seen a later

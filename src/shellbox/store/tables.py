@@ -252,3 +252,55 @@ admin_keys = Table(
     Column("created_at", BigInteger, nullable=False),
 )
 # -- end of metering and admin keys -------------------------------------------------------------
+
+# -- many machines (issue 15) -----------------------------------------------------------------
+# Made by migration 0005.
+
+# Sandbox nodes (``shellbox node``): what each registered, and when it last said it was alive.
+# A node whose ``heartbeat_at_ms`` is older than ``cluster.node_timeout_s`` is lost; ``state``
+# is ``up`` from registration until a clean stop makes it ``stopped``.
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("url", Text, nullable=False),  # where API replicas reach it
+    Column("state", String(16), nullable=False),  # up | stopped
+    Column("memory_bytes", BigInteger, nullable=False),  # what its containers may hold in all
+    Column("containers", Integer, nullable=False),  # what it holds, as it last said
+    Column("info", JSON, nullable=False),  # its RuntimeInfo (image, cgroup, disk quota)
+    Column("registered_at_ms", BigInteger, nullable=False),
+    Column("heartbeat_at_ms", BigInteger, nullable=False),
+)
+
+# Which node holds each container and snapshot (the API role's routing table). Written when
+# the sandbox is placed, before the container's own row exists (creation inserts that row once
+# the sandbox is made), and removed when it is destroyed. A container never moves.
+placements = Table(
+    "placements",
+    metadata,
+    Column("id", String(64), primary_key=True),  # a container or snapshot id
+    Column("kind", String(16), nullable=False),  # container | snapshot
+    Column("node", String(128), nullable=False, index=True),
+    Column("memory_bytes", BigInteger, nullable=False),  # its memory_limit (snapshots: 0)
+    Column("created_at_ms", BigInteger, nullable=False),
+)
+
+# Background work that must run on one process at a time (the reaper of API replicas): held by
+# ``holder`` until ``expires_at_ms``, renewed by it each round, taken over once it lapses.
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("expires_at_ms", BigInteger, nullable=False),
+)
+
+# Bytes that every API replica must reach (Files API blobs, skill bundles) when they live in
+# the database: cut in chunks, so neither a write nor a read holds more than one in memory.
+blob_chunks = Table(
+    "blob_chunks",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("n", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
+)

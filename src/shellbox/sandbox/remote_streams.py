@@ -45,6 +45,7 @@ CHUNK = 65536  # the largest binary message either side sends
 MAX_MESSAGE = 1 << 20  # what either side accepts (a control message, a chunk)
 MAX_QUEUE = 16  # frames received and not yet read, before the connection is paused
 EOF = json.dumps({"type": "eof"})
+CLOSE_TIMEOUT_S = 2.0  # an ``aclose`` waits this long for the node's close, then drops it
 BROKEN = 1011  # the close code of a stream that broke (a reset, the node's failure)
 
 
@@ -88,7 +89,8 @@ async def open_websocket(
     open_timeout_s: float,
     refused: Callable[[int, bytes], ShellboxError],
 ) -> ClientConnection:
-    """The WebSocket handshake over ``sock``; a node's refusal raised as ``refused`` says."""
+    """The WebSocket handshake over ``sock``; a node's refusal raised as ``refused`` says, an
+    answer that is not HTTP (the node went away mid-handshake) as a ``ConnectionError``."""
     try:
         return await connect(
             url,
@@ -100,12 +102,13 @@ async def open_websocket(
             max_size=MAX_MESSAGE,
             max_queue=MAX_QUEUE,
             write_limit=CHUNK,
+            close_timeout=CLOSE_TIMEOUT_S,
         )
     except InvalidHandshake as exc:
         sock.close()
         response = getattr(exc, "response", None)
         if response is None:
-            raise
+            raise ConnectionError(str(exc)) from None
         raise refused(int(response.status_code), bytes(response.body or b"")) from None
     except BaseException:
         sock.close()

@@ -9,8 +9,10 @@ do (nothing else of the driver is reachable). Arguments are a JSON body, or the
 ``install_skill``); results are ``{"result": ...}``, a byte stream (``read_file``,
 ``export_archive``) or NDJSON events (``exec``). A ``ShellboxError`` answers its status with
 ``wire.error_to_json`` (the class crosses, ``RemoteRuntime`` raises it again); anything else
-is logged and answered 500. ``GET /healthz`` needs no key (a readiness probe) and says only
-the node's name.
+is logged and answered 500. The byte streams (``connect_port``, ``pty``) are a WebSocket on
+the same path (``GET``; ``shellbox.sandbox.remote_streams`` says why and how), relayed by
+``streams.py``. ``GET /healthz`` needs no key (a readiness probe) and says only the node's
+name.
 
 Specs from the wire may not carry ``mounts``: a caller names skills and files by value and
 never a path of this machine. Paths under ``/mnt/data`` must come normalised, as the

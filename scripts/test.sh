@@ -25,16 +25,11 @@ SHELLBOX_TEST_DATABASE=postgresql .venv/bin/pytest "$@" \
   tests/api/test_snapshot_retention.py
 # The cluster lane: its own tests, the egress one, and the API suite's containers, calls,
 # files and skills tests against HAProxy's port. Left out there, and why: tests that look at
-# one server's disk (skills' unpacked files, which live on each node and replica here), a
-# call citing a file another replica's listing indexed while it ran (each replica counts the
-# changes it saw: README, "Many machines"), and a streamed call's client disconnect, which
-# does not yet reach the node through the replica (the command runs on to its end).
+# one server's disk (skills' unpacked files, which live on each node and replica here).
 SHELLBOX_TEST_CLUSTER=1 exec .venv/bin/pytest "$@" \
   tests/cluster tests/egress/test_cluster_egress.py \
   tests/api/test_containers.py tests/api/test_calls.py tests/api/test_files.py \
   tests/api/test_skills_api.py tests/api/test_skills_containers.py \
-  --deselect tests/api/test_calls.py::test_a_call_cites_only_what_changed_during_it \
-  --deselect tests/api/test_calls.py::test_client_disconnect_kills_the_command \
   --deselect tests/api/test_skills_api.py::test_create_from_zip_round_trips_byte_for_byte \
   --deselect tests/api/test_skills_api.py::test_deletion_rules \
   --deselect tests/api/test_skills_containers.py::test_referenced_and_inline_skills_are_mounted \

@@ -220,6 +220,32 @@ async def test_any_replica_serves_any_container_and_any_file(cluster: Cluster) -
         assert cluster.a.services.stores.nodes.node_of(c.id) is None  # removed from its node
 
 
+async def test_a_call_cites_what_the_other_replica_indexed_while_it_ran(
+    cluster: Cluster,
+) -> None:
+    """A file the call wrote is its own even when the other replica's listing indexed it
+    first (so that this replica's sync at the end finds the rows already up to date); what
+    was there before the call is not cited."""
+    a, b = cluster.a, cluster.b
+    c = await a.sdk.containers.create(name="cites")
+    try:
+        assert stdout(await shell(a.http, c.id, "echo old > old.txt; echo ok")) == "ok\n"
+        call = asyncio.create_task(shell(a.http, c.id, "echo new > new.txt; sleep 3"))
+
+        async def b_indexed() -> bool:
+            listed = await b.sdk.containers.files.list(c.id)
+            return "/mnt/data/new.txt" in {f.path async for f in listed}
+
+        assert await eventually(b_indexed, 3) and not call.done()
+        r = await call
+        assert r.status_code == 200, r.text
+        assert [f["filename"] for f in r.json()["files"]] == ["new.txt"]
+        quiet = await shell(a.http, c.id, "cat new.txt old.txt")
+        assert quiet.status_code == 200 and quiet.json()["files"] == []
+    finally:
+        await a.sdk.containers.delete(c.id)
+
+
 async def test_a_lost_node_answers_503_until_it_beats_again(cluster: Cluster) -> None:
     a, b = cluster.a, cluster.b
     made = [await a.sdk.containers.create(name=f"n{i}") for i in range(2)]

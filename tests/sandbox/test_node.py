@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import socket
 import subprocess
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from sandbox_helpers import make_state_dir, remove_state_dir
+from sandbox_helpers import host_pids, make_state_dir, remove_state_dir, wait_gone
 
 from node_helpers import NodeProcess, free_port, write_key_file
 from shellbox.errors import (
@@ -125,6 +126,51 @@ async def test_a_node_killed_mid_command_is_unavailable(own_node: NodeProcess) -
         assert cid in {i.id for i in await remote.list()}
     finally:
         await remote.aclose()
+
+
+@pytest.mark.parametrize("leave", ["aclose", "cancel"])
+async def test_leaving_a_command_kills_it_on_the_node(node: NodeProcess, leave: str) -> None:
+    """A caller that stops reading a command's events (its own client went away) ends the
+    command on the node at once, as with a local runtime, whether it closes the iterator or
+    its task is cancelled mid-read; the sandbox works on."""
+    remote = RemoteRuntime(node.url, node.key, name=node.name)
+    cid = new_id("cntr_")
+    marker = f"left-{secrets.token_hex(6)}"
+    try:
+        await remote.create(ContainerSpec(id=cid))
+        await remote.start(cid)
+        request = ExecRequest([f"echo go; exec -a {marker} sleep 100"], 120_000, 1000, stream=True)
+        events = remote.exec(cid, request)
+        if leave == "aclose":
+            await anext(events)  # "go": the command runs
+            assert await wait_for_pids(marker)
+            await events.aclose()  # type: ignore[attr-defined]
+        else:
+
+            async def read_all() -> None:
+                async for _ in events:
+                    pass
+
+            task = asyncio.create_task(read_all())
+            assert await wait_for_pids(marker)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert await wait_gone(marker, timeout_s=5) == []
+        [after] = await remote.run(cid, ExecRequest(["echo fine"], 10_000, 100))
+        assert after.stdout == "fine\n"
+    finally:
+        await remote.destroy(cid)
+        await remote.aclose()
+
+
+async def wait_for_pids(pattern: str, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not host_pids(pattern):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 async def test_paths_from_the_wire_must_be_normalised(node: NodeProcess) -> None:

@@ -256,7 +256,10 @@ class LocalCluster:
         )
         # Round-robin per request. A request that cannot reach its replica (refused: it
         # died) is sent to the other (``retry-on conn-failure``, ``redispatch``); health
-        # checks take a dead replica out within a second.
+        # checks take a dead replica out within a second. A client that leaves closes the
+        # replica's connection at once (``abortonclose``), even while the response is silent
+        # (a streamed call whose command prints nothing): else HAProxy only notices when it
+        # next writes, and the replica, and through it the node, run the command on.
         config = f"""global
   maxconn 2000
 defaults
@@ -267,6 +270,7 @@ defaults
   retries 3
   retry-on conn-failure empty-response
   option redispatch 1
+  option abortonclose
 frontend shellbox
   bind 127.0.0.1:{self.port}
   default_backend replicas

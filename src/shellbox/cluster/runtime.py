@@ -18,9 +18,18 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from contextlib import aclosing
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
@@ -339,8 +348,12 @@ class ClusterRuntime:
 
     async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         client = self._route(container_id)
-        async for event in client.exec(container_id, request):
-            yield event
+        # Closed with this one (a caller that stops reading: its client left), so the node
+        # kills the command now, not whenever the garbage collector finalises the stream.
+        stream = cast(AsyncGenerator[ExecEvent, None], client.exec(container_id, request))
+        async with aclosing(stream) as events:
+            async for event in events:
+                yield event
 
     async def run(self, container_id: str, request: ExecRequest) -> builtins.list[CommandResult]:
         return await self._route(container_id).run(container_id, request)

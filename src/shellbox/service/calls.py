@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, cast
 
 from shellbox.errors import InvalidRequest
 from shellbox.ids import new_id
@@ -89,7 +90,7 @@ class CallService:
         request = self.shell_request(item)
         call_id = self.call_id(item)
         async with self.containers.activity(principal, cid):
-            mark = self.files.change_mark()
+            mark = self.files.change_mark(cid)
             results = await self.containers.runtime.run(cid, request)
             cited = await self.files.changed_since(cid, mark)
         out = shell_call_output_item(call_id, results, request.max_output_length)
@@ -112,7 +113,7 @@ class CallService:
 
         results: list[CommandResult] = []
         async with self.containers.activity(principal, cid):
-            mark = self.files.change_mark()
+            mark = self.files.change_mark(cid)
             yield event(
                 "response.output_item.added",
                 output_index=0,
@@ -125,25 +126,28 @@ class CallService:
                     "max_output_length": request.max_output_length,
                 },
             )
-            events: AsyncIterator[ExecEvent] = self.containers.runtime.exec(cid, request)
-            async for ev in events:
-                if isinstance(ev, OutputDelta):
-                    yield event(
-                        "response.shell_call_output_content.delta",
-                        output_index=0,
-                        item_id=item_id,
-                        command_index=ev.command_index,
-                        delta={ev.stream: ev.text},
-                    )
-                elif isinstance(ev, CommandFinished):
-                    results.append(ev.result)
-                    yield event(
-                        "response.shell_call_output_content.done",
-                        output_index=0,
-                        item_id=item_id,
-                        command_index=ev.command_index,
-                        output=[ev.result.to_wire()],
-                    )
+            # Closed with this stream (the client left), so the command is killed now.
+            exec_events = self.containers.runtime.exec(cid, request)
+            stream = cast(AsyncGenerator[ExecEvent, None], exec_events)
+            async with aclosing(stream) as events:
+                async for ev in events:
+                    if isinstance(ev, OutputDelta):
+                        yield event(
+                            "response.shell_call_output_content.delta",
+                            output_index=0,
+                            item_id=item_id,
+                            command_index=ev.command_index,
+                            delta={ev.stream: ev.text},
+                        )
+                    elif isinstance(ev, CommandFinished):
+                        results.append(ev.result)
+                        yield event(
+                            "response.shell_call_output_content.done",
+                            output_index=0,
+                            item_id=item_id,
+                            command_index=ev.command_index,
+                            output=[ev.result.to_wire()],
+                        )
             cited = await self.files.changed_since(cid, mark)
         out = shell_call_output_item(call_id, results, request.max_output_length, item_id=item_id)
         out["files"] = [citation(cid, f) for f in cited[:MAX_CITED_FILES]]

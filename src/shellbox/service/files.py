@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -31,6 +32,15 @@ from shellbox.store.blobs import BlobStore, FsBlobStore
 log = logging.getLogger("shellbox.files")
 STALE_UPLOAD_S = 3600  # a temporary upload file untouched this long was left by a crash
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+
+
+@dataclass(frozen=True)
+class ChangeMark:
+    """Where a call started, for ``FileService.changed_since``: this process's change count,
+    and with a shared index the container's rows then (path -> (mtime_ns, bytes))."""
+
+    seq: int
+    rows: dict[str, tuple[int, int]] | None = None
 
 
 def _check_size(size: int, cap: int) -> None:
@@ -324,18 +334,30 @@ class FileService(ContainerFeature):
                 )
         return changed
 
-    def change_mark(self) -> int:
-        """A mark for ``changed_since``: changes recorded after this call are past it."""
-        return self._change_seq
+    def change_mark(self, cid: str) -> ChangeMark:
+        """A mark for ``changed_since``: changes recorded after this call are past it.
 
-    async def changed_since(self, cid: str, mark: int) -> list[ContainerFileRecord]:
+        One process indexing alone counts its own changes (no query). API replicas share the
+        index, and another replica's listing may index a file while this replica's call
+        runs, so that its own sync at the end finds nothing new: the mark is then what the
+        rows said at the start (one query), and the call cites what differs from it."""
+        if not self.shared_index:
+            return ChangeMark(self._change_seq)
+        rows = self.index_store.for_container(cid)
+        return ChangeMark(self._change_seq, {r.path: (r.mtime_ns, r.bytes) for r in rows})
+
+    async def changed_since(self, cid: str, mark: ChangeMark) -> list[ContainerFileRecord]:
         """Files under /mnt/data the index saw created or changed after ``mark`` (from
         ``change_mark``), newest first: what this sync finds changed (even with an old mtime,
         as ``cp -p`` or ``tar x`` leave), plus what a concurrent sync already indexed."""
         await self.sync(cid)
-        stamps = self._changed_at.get(cid, {})
         known = self._known_files(cid)
-        found = [known[p] for p, seq in stamps.items() if seq > mark and p in known]
+        if mark.rows is not None:
+            before = mark.rows
+            found = [f for p, f in known.items() if before.get(p) != (f.mtime_ns, f.bytes)]
+        else:
+            stamps = self._changed_at.get(cid, {})
+            found = [known[p] for p, seq in stamps.items() if seq > mark.seq and p in known]
         return sorted(found, key=lambda f: (f.mtime_ns, f.id), reverse=True)
 
     async def release(self, record: ContainerRecord) -> None:

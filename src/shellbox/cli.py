@@ -271,11 +271,13 @@ def _listen(value: str) -> tuple[str, int]:
 
 def cmd_node(args: argparse.Namespace) -> int:
     import logging
+    import socket
 
     import uvicorn
 
     from shellbox.node import build_node, node_info
     from shellbox.sandbox.remote import load_cluster_key
+    from shellbox.sandbox.remote_streams import MAX_MESSAGE, keepalive
 
     host, port = args.listen
     settings = _settings(args)
@@ -291,7 +293,22 @@ def cmd_node(args: argparse.Namespace) -> int:
         "node %s serving its runtime on %s:%d (advertised as %s)",
         info.name, host, port, info.advertise_url,
     )  # fmt: skip
-    uvicorn.run(node.app, host=host, port=port, log_level="warning", access_log=False)
+    # The streams' WebSockets (``remote_streams.py``) carry back-pressure, so a caller that
+    # reads slowly must not be cut off for missing a ping: no pings, and TCP keepalive on the
+    # listening socket (accepted connections inherit it) finds a caller that is gone.
+    listener = socket.create_server(
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+    )
+    keepalive(listener)
+    config = uvicorn.Config(
+        node.app,
+        log_level="warning",
+        access_log=False,
+        ws="websockets-sansio",  # reads a message only once the relay took the last
+        ws_ping_interval=None,
+        ws_max_size=MAX_MESSAGE,
+    )
+    uvicorn.Server(config).run(sockets=[listener])
     return 0
 
 

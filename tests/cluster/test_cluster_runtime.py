@@ -14,7 +14,12 @@ import pytest
 from cluster_helpers import make_state_dir, remove_state_dir
 
 from shellbox.cluster import ClusterRuntime, NodeRegistration
-from shellbox.errors import CapacityExceeded, ContainerNotFound, NodeUnavailable
+from shellbox.errors import (
+    CapacityExceeded,
+    ContainerNotFound,
+    NodeUnavailable,
+    PortNotListening,
+)
 from shellbox.ids import new_id
 from shellbox.sandbox import (
     CommandFinished,
@@ -22,6 +27,7 @@ from shellbox.sandbox import (
     ExecRequest,
     OciRuntime,
     OutputDelta,
+    PtyRequest,
     Runtime,
     create_runtime,
 )
@@ -136,6 +142,43 @@ async def test_containers_spread_and_every_call_reaches_their_node(nodes: Nodes)
         await rt.destroy(cid)  # idempotent
 
 
+async def test_ports_terminals_and_memory_reach_the_container_node(nodes: Nodes) -> None:
+    rt: Runtime = nodes.cluster
+    await beat(nodes)
+    cids = [new_id("cntr_") for _ in range(2)]  # one on each node
+    try:
+        for cid in cids:
+            await rt.create(ContainerSpec(id=cid))
+            await rt.start(cid)
+            await sh(
+                rt,
+                cid,
+                "nohup python3 -c 'import socket; s = socket.socket(); "
+                's.bind(("127.0.0.1", 8127)); s.listen(); c, _ = s.accept(); '
+                "c.sendall(c.recv(100).upper())' >/dev/null 2>&1 &",
+            )
+        for cid in cids:
+            for _ in range(200):
+                try:
+                    stream = await rt.connect_port(cid, 8127)
+                    break
+                except PortNotListening:
+                    await asyncio.sleep(0.05)
+            await stream.send(cid.encode())
+            assert await stream.receive() == cid.upper().encode()
+            await stream.aclose()
+            used = await rt.memory_usage(cid)
+            assert used is not None and used > 0
+            term = await rt.pty(cid, PtyRequest(cols=80, rows=24, command="exit 7"))
+            async for _ in term.output():
+                pass
+            assert term.exit_code == 7
+        assert await rt.memory_usage(new_id("cntr_")) is None  # placed nowhere
+    finally:
+        for cid in cids:
+            await rt.destroy(cid)
+
+
 async def test_a_container_needs_a_node_with_its_memory_free(nodes: Nodes) -> None:
     await beat(nodes)
     with pytest.raises(CapacityExceeded, match="4 GiB of memory free"):
@@ -182,6 +225,11 @@ async def test_a_lost_node_answers_503_until_it_is_back(nodes: Nodes) -> None:
             await rt.run(a, ExecRequest(["true"], 20_000, 100))
         with pytest.raises(NodeUnavailable, match="no heartbeat for"):
             await rt.read_file(a, "kept.txt")
+        with pytest.raises(NodeUnavailable):
+            await rt.connect_port(a, 8000)
+        with pytest.raises(NodeUnavailable):
+            await rt.pty(a, PtyRequest(cols=80, rows=24))
+        assert await rt.memory_usage(a) is None  # (a figure for display: no error)
         assert await sh(rt, b, "cat /mnt/data/kept.txt") == b
         fresh = new_id("cntr_")
         await rt.create(ContainerSpec(id=fresh))  # goes where it can

@@ -5,6 +5,8 @@ on the API server's disk. Here beside the egress tests for their local "internet
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import json
 import shutil
@@ -16,6 +18,8 @@ import httpx
 import openai
 import pytest
 from egress_helpers import Upstream, run, wait_for
+from websockets.exceptions import ConnectionClosedOK
+from websockets.sync.client import connect
 
 from node_helpers import NodeProcess, make_state_dir
 
@@ -148,3 +152,39 @@ def test_an_allowlist_is_enforced_by_the_node(
 
     wait_for(audited, 10)  # written by the node into the same database
     assert http.delete(f"/v1/containers/{cid}").status_code == 200
+
+
+def test_a_service_and_a_terminal_in_a_container_on_the_node(
+    on_node: tuple[Any, NodeProcess], client: Any, http: httpx.Client
+) -> None:
+    server, _ = on_node
+    c = client.containers.create(name="on-node-streams")
+    [up] = run(
+        http,
+        c.id,
+        "mkdir -p site && head -c 3000000 /dev/urandom > site/blob && sha256sum site/blob"
+        " | cut -c1-64 && cd site && nohup python3 -m http.server 8000 --bind 127.0.0.1"
+        " >/dev/null 2>&1 &",
+    )
+    digest = up["stdout"].strip()
+    wait_for(lambda: http.get(f"/v1/containers/{c.id}/ports/8000/").status_code == 200, 10)
+    blob = http.get(f"/v1/containers/{c.id}/ports/8000/blob")  # relayed by the node
+    assert blob.status_code == 200 and hashlib.sha256(blob.content).hexdigest() == digest
+    nothing = http.get(f"/v1/containers/{c.id}/ports/8999/")
+    assert nothing.status_code == 502  # PortNotListening crossed as itself
+
+    key = server.env["SHELLBOX_TEST_KEY"]
+    url = f"ws://127.0.0.1:{server.port}/v1/containers/{c.id}/pty?cols=70&rows=20"
+    with connect(url, additional_headers={"authorization": f"Bearer {key}"}) as ws:
+        ws.send(b"stty size; exit 5\n")
+        seen, exit_message = b"", None
+        with contextlib.suppress(ConnectionClosedOK):
+            while True:
+                message = ws.recv(timeout=20)
+                if isinstance(message, bytes):
+                    seen += message
+                else:
+                    exit_message = json.loads(message)
+    assert b"20 70" in seen, seen
+    assert exit_message == {"type": "exit", "exit_code": 5}
+    client.containers.delete(c.id)

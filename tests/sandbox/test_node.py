@@ -5,20 +5,30 @@ a hang nor a 500. (What the node serves is the runtime contract suite's, ``node`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from sandbox_helpers import host_pids, make_state_dir, remove_state_dir, wait_gone
 
 from node_helpers import NodeProcess, free_port, write_key_file
-from shellbox.errors import ContainerNotFound, FileNotFound, NodeUnavailable
+from shellbox.errors import (
+    ContainerNotFound,
+    FileNotFound,
+    InvalidRequest,
+    NodeUnavailable,
+    PortNotListening,
+    SandboxError,
+)
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, ExecRequest
+from shellbox.sandbox import ContainerSpec, ExecRequest, PtyRequest
 from shellbox.sandbox.remote import RemoteRuntime
 
 
@@ -186,4 +196,106 @@ async def test_paths_from_the_wire_must_be_normalised(node: NodeProcess) -> None
         assert await remote.stat_file(cid, "x.txt") is not None  # still there
     finally:
         await remote.destroy(cid)
+        await remote.aclose()
+
+
+async def test_streams_need_the_cluster_key(node: NodeProcess) -> None:
+    remote = RemoteRuntime(node.url, "not-the-cluster-key-at-all")
+    try:
+        with pytest.raises(SandboxError, match="refused the cluster key"):
+            await remote.connect_port("cntr_nosuchcontainer", 8000)
+        with pytest.raises(SandboxError, match="refused the cluster key"):
+            await remote.pty("cntr_nosuchcontainer", PtyRequest(cols=80, rows=24))
+    finally:
+        await remote.aclose()
+
+
+async def test_a_bad_port_is_refused_before_the_stream(node: NodeProcess) -> None:
+    remote = RemoteRuntime(node.url, node.key)
+    try:
+        with pytest.raises(InvalidRequest) as caught:
+            await remote.connect_port("cntr_nosuchcontainer", 70000)
+        assert caught.value.param == "port" and caught.value.status == 400
+    finally:
+        await remote.aclose()
+
+
+async def test_streams_of_a_node_that_is_down_are_unavailable_at_once() -> None:
+    remote = RemoteRuntime(f"http://127.0.0.1:{free_port()}", "k" * 32, name="gone")
+    try:
+        started = time.monotonic()
+        with pytest.raises(NodeUnavailable) as caught:
+            await remote.connect_port("cntr_x", 8000)
+        assert caught.value.status == 503
+        with pytest.raises(NodeUnavailable, match="the node gone is unavailable"):
+            await remote.pty("cntr_x", PtyRequest(cols=80, rows=24))
+        assert time.monotonic() - started < 3
+    finally:
+        await remote.aclose()
+
+
+async def test_a_node_that_takes_no_connection_is_unavailable_within_the_connect_timeout() -> None:
+    # A listener whose queue is full: the kernel drops further connection attempts, as for a
+    # machine that does not answer.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        host, port = listener.getsockname()
+        queued = []
+        try:
+            for _ in range(4):
+                s = socket.socket()
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    s.connect((host, port))
+                queued.append(s)
+            remote = RemoteRuntime(f"http://{host}:{port}", "k" * 32, connect_timeout_s=1.0)
+            try:
+                started = time.monotonic()
+                with pytest.raises(NodeUnavailable):
+                    await remote.connect_port("cntr_x", 8000)
+                assert 0.9 < time.monotonic() - started < 3
+            finally:
+                await remote.aclose()
+        finally:
+            for s in queued:
+                s.close()
+
+
+async def test_a_node_killed_mid_stream_breaks_it(own_node: NodeProcess) -> None:
+    remote = RemoteRuntime(own_node.url, own_node.key, name=own_node.name)
+    try:
+        cid = new_id("cntr_")
+        await remote.create(ContainerSpec(id=cid))
+        await remote.start(cid)
+        await remote.run(
+            cid,
+            ExecRequest(
+                ["nohup python3 -m http.server --bind 127.0.0.1 8126 >/dev/null 2>&1 &"],
+                10_000,
+                1000,
+            ),
+        )
+        stream = None
+        for _ in range(200):
+            with contextlib.suppress(PortNotListening):
+                stream = await remote.connect_port(cid, 8126)
+                break
+            await asyncio.sleep(0.05)
+        assert stream is not None
+        term = await remote.pty(cid, PtyRequest(cols=80, rows=24))
+        own_node.kill()
+        with pytest.raises(anyio.BrokenResourceError):
+            await asyncio.wait_for(stream.receive(), 5)
+
+        async def drain() -> None:
+            async for _ in term.output():
+                pass
+
+        await asyncio.wait_for(drain(), 5)  # the terminal ends, but not with an exit code
+        assert term.exit_code is None
+        await stream.aclose()
+        await term.close()
+        own_node.start()  # back, so that the fixture removes its container
+    finally:
         await remote.aclose()

@@ -10,15 +10,18 @@ A Kubernetes runtime joins by adding its fixture.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import re
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from anyio import ClosedResourceError, EndOfStream
 from anyio.abc import ByteStream
 
 from shellbox.errors import (
+    ContainerNotFound,
     FileNotFound,
     InvalidRequest,
     PathOutsideWorkspace,
@@ -426,3 +429,104 @@ async def test_connect_port_reaches_the_container_loopback(rt: Runtime, box: str
 async def test_memory_usage_is_what_the_container_holds(rt: Runtime, box: str) -> None:
     used = await rt.memory_usage(box)
     assert used is not None and 0 < used < 1 << 30
+
+
+async def wait_for_port(rt: Runtime, cid: str, port: int) -> ByteStream:
+    for _ in range(200):
+        try:
+            return await rt.connect_port(cid, port)
+        except PortNotListening:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"nothing listened on {port}")
+
+
+# A service that reads nothing until /tmp/go exists, then hashes what it reads up to the end
+# (the caller's half-close) and answers with the digest and the count on the same socket.
+SINK = r"""
+import hashlib, os, socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 8124)); s.listen(); c, _ = s.accept()
+while not os.path.exists("/tmp/go"): time.sleep(0.05)
+h, n = hashlib.sha256(), 0
+while data := c.recv(1 << 16): h.update(data); n += len(data)
+c.sendall(f"{h.hexdigest()} {n}".encode()); c.close()
+"""
+# A service that sends 64 MiB, noting in /tmp/sent how much its socket has taken so far.
+SOURCE = r"""
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 8125)); s.listen(); c, _ = s.accept()
+block = bytes(range(256)) * 4096
+for i in range(64):
+    c.sendall(block)
+    open("/tmp/sent", "w").write(str((i + 1) << 20))
+c.close()
+"""
+TOTAL = 64 << 20
+
+
+async def test_connect_port_holds_back_a_fast_writer_and_delivers_all(
+    rt: Runtime, box: str
+) -> None:
+    await rt.write_file(box, "sink.py", [SINK.encode()])
+    await sh(rt, box, "nohup python3 /mnt/data/sink.py >/dev/null 2>&1 &")
+    stream = await wait_for_port(rt, box, 8124)
+    block = bytes(range(256)) * 4096
+    sent = 0
+
+    async def send_all() -> None:
+        nonlocal sent
+        for _ in range(TOTAL // len(block)):
+            await stream.send(block)
+            sent += len(block)
+
+    try:
+        sender = asyncio.create_task(send_all())
+        await asyncio.sleep(3)
+        # The service reads nothing yet: what the way between buffers is bounded, and the
+        # writer waits instead of queueing the rest.
+        assert not sender.done() and sent < TOTAL // 2, sent
+        await sh(rt, box, "touch /tmp/go")
+        await asyncio.wait_for(sender, 120)
+        await stream.send_eof()  # half-closed: the service sees its end and still answers
+        answer = b""
+        with pytest.raises(EndOfStream):
+            while True:
+                answer += await asyncio.wait_for(stream.receive(), 60)
+    finally:
+        await stream.aclose()
+    digest = hashlib.sha256(block * (TOTAL // len(block))).hexdigest()
+    assert answer.decode() == f"{digest} {TOTAL}"
+    with pytest.raises(ClosedResourceError):
+        await stream.receive()
+
+
+async def test_connect_port_holds_back_a_fast_service_and_delivers_all(
+    rt: Runtime, box: str
+) -> None:
+    await rt.write_file(box, "source.py", [SOURCE.encode()])
+    await sh(rt, box, "nohup python3 /mnt/data/source.py >/dev/null 2>&1 &")
+    stream = await wait_for_port(rt, box, 8125)
+    try:
+        await asyncio.sleep(3)  # nothing read: the service must be held back
+        taken = int(await sh(rt, box, "cat /tmp/sent 2>/dev/null || echo 0"))
+        assert taken < TOTAL // 2, taken
+        received = hashlib.sha256()
+        size = 0
+        with pytest.raises(EndOfStream):
+            while True:
+                chunk = await asyncio.wait_for(stream.receive(), 60)
+                received.update(chunk)
+                size += len(chunk)
+    finally:
+        await stream.aclose()
+    assert size == TOTAL
+    assert received.hexdigest() == hashlib.sha256(bytes(range(256)) * 4096 * 64).hexdigest()
+
+
+async def test_streams_of_a_container_that_is_not_there_fail_before_they_open(
+    rt: Runtime,
+) -> None:
+    with pytest.raises(ContainerNotFound):
+        await rt.connect_port("cntr_nosuchcontainer", 8000)
+    with pytest.raises(ContainerNotFound):
+        await rt.pty("cntr_nosuchcontainer", PtyRequest(cols=80, rows=24))
+    assert await rt.memory_usage("cntr_nosuchcontainer") is None

@@ -49,6 +49,8 @@ from shellbox.sandbox.base import (
     ExecRequest,
     FileInfo,
     PatchResult,
+    PtyRequest,
+    PtySession,
     RecoveryAction,
     Runtime,
     RuntimeInfo,
@@ -59,6 +61,8 @@ from shellbox.sandbox.base import (
 from shellbox.store.nodes import NodeRecord, NodeStore, PlacementKind, Refused
 
 if TYPE_CHECKING:
+    from anyio.abc import ByteStream
+
     from shellbox.patch import PatchOperation
 
 log = logging.getLogger("shellbox.cluster")
@@ -318,7 +322,29 @@ class ClusterRuntime:
             if node.available(self.timeout_ms):
                 await self._client(node).remove_skill(key)
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        """None too for a container whose node is unavailable: the figure is for display (the
+        console lists many containers), and one lost node must not fail the whole list."""
+        try:
+            found = self._holder(container_id)
+        except NodeUnavailable:
+            return None
+        if found is None:
+            return None
+        try:
+            return await found[1].memory_usage(container_id)
+        except NodeUnavailable:
+            return None
+
+    # -- services inside ----------------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        return await self._route(container_id).connect_port(container_id, port)
+
     # -- commands -----------------------------------------------------------------------------
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        return await self._route(container_id).pty(container_id, request)
 
     async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         client = self._route(container_id)

@@ -9,8 +9,10 @@ do (nothing else of the driver is reachable). Arguments are a JSON body, or the
 ``install_skill``); results are ``{"result": ...}``, a byte stream (``read_file``,
 ``export_archive``) or NDJSON events (``exec``). A ``ShellboxError`` answers its status with
 ``wire.error_to_json`` (the class crosses, ``RemoteRuntime`` raises it again); anything else
-is logged and answered 500. ``GET /healthz`` needs no key (a readiness probe) and says only
-the node's name.
+is logged and answered 500. The byte streams (``connect_port``, ``pty``) are a WebSocket on
+the same path (``GET``; ``shellbox.sandbox.remote_streams`` says why and how), relayed by
+``streams.py``. ``GET /healthz`` needs no key (a readiness probe) and says only the node's
+name.
 
 Specs from the wire may not carry ``mounts``: a caller names skills and files by value and
 never a path of this machine. Paths under ``/mnt/data`` must come normalised, as the
@@ -20,6 +22,7 @@ walk relies on it; ``resolve_path`` alone takes links and ``..`` (it resolves th
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -30,13 +33,16 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from shellbox.errors import InvalidRequest, PayloadTooLarge, SandboxError, ShellboxError
 from shellbox.node.info import NodeInfo
+from shellbox.node.streams import relay_port, relay_pty
 from shellbox.sandbox import ContainerSpec, Runtime, RuntimeInfo, wire
 from shellbox.sandbox.datapath import relative_path
 from shellbox.sandbox.remote import ARGS_HEADER
+from shellbox.sandbox.remote_streams import BROKEN
 
 log = logging.getLogger("shellbox.node")
 MAX_ARGS_BYTES = 16 << 20  # a JSON body (a spec, a patch); bytes stream separately
@@ -109,11 +115,32 @@ UNARY: dict[str, Unary] = {
         a["container_id"], wire.operations_from_json(a["operations"])
     ),
     "sweep_uploads": lambda rt, a: rt.sweep_uploads(a["container_id"]),
+    "memory_usage": lambda rt, a: rt.memory_usage(a["container_id"]),
 }
+
+
+def _port(a: Args) -> int:
+    port = a["port"]
+    if type(port) is not int or not 1 <= port <= 65535:
+        msg = f"port must be an integer from 1 to 65535, not {port!r}"
+        raise InvalidRequest(msg, param="port")
+    return port
 
 
 def _error(exc: ShellboxError) -> JSONResponse:
     return JSONResponse(wire.error_to_json(exc), status_code=exc.status)
+
+
+async def _refuse(websocket: WebSocket, exc: ShellboxError) -> None:
+    """The error as the answer to the handshake; once the socket is open (the relay failed),
+    a broken close."""
+    if websocket.application_state == WebSocketState.CONNECTING:
+        await websocket.send_denial_response(_error(exc))
+        return
+    log.warning("node stream failed after it opened: %s", exc)
+    if websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await websocket.close(BROKEN)
 
 
 def create_node_app(
@@ -128,7 +155,7 @@ def create_node_app(
     shutdown (its egress network; registration in the cluster's database)."""
     expected = f"Bearer {cluster_key}".encode()
 
-    def authorized(request: Request) -> bool:
+    def authorized(request: Request | WebSocket) -> bool:
         given = request.headers.get("authorization", "").encode()
         return hmac.compare_digest(given, expected)
 
@@ -218,6 +245,41 @@ def create_node_app(
         msg = f"the node has no method {method!r}"
         raise InvalidRequest(msg, param="method")
 
+    async def stream(websocket: WebSocket) -> None:
+        """``connect_port`` and ``pty`` (``remote_streams.py``): the call is made before the
+        socket is accepted, so a refusal is an HTTP answer the caller raises as its class."""
+        method = websocket.path_params["method"]
+        if not authorized(websocket):
+            error = {"message": "a valid cluster key is required", "type": "invalid_request_error",
+                     "param": None, "code": "invalid_api_key"}  # fmt: skip
+            await websocket.send_denial_response(JSONResponse({"error": error}, status_code=401))
+            return
+        try:
+            raw = json.loads(websocket.headers.get(ARGS_HEADER, "{}"))
+            if not isinstance(raw, dict):
+                msg = "the arguments must be a JSON object"
+                raise InvalidRequest(msg)
+            if method == "connect_port":
+                port_stream = await runtime.connect_port(raw["container_id"], _port(raw))
+                await websocket.accept()
+                await relay_port(websocket, port_stream)
+            elif method == "pty":
+                request = wire.pty_request_from_json(raw["request"])
+                session = await runtime.pty(raw["container_id"], request)
+                await websocket.accept()
+                await relay_pty(websocket, session)
+            else:
+                msg = f"the node has no stream method {method!r}"
+                raise InvalidRequest(msg, param="method")
+        except ShellboxError as exc:
+            await _refuse(websocket, exc)
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"{method}: bad arguments ({type(exc).__name__}: {exc})"
+            await _refuse(websocket, InvalidRequest(msg))
+        except Exception:
+            log.exception("node stream %s failed", method)
+            await _refuse(websocket, SandboxError(f"the node failed in {method}; see its log"))
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node": info.name})
 
@@ -234,6 +296,7 @@ def create_node_app(
     return Starlette(
         routes=[
             Route("/v1/runtime/{method}", call, methods=["POST"]),
+            WebSocketRoute("/v1/runtime/{method}", stream),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         lifespan=lifespan,

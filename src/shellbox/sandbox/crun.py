@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from anyio.abc import ByteStream, SocketStream
+from anyio.abc import ByteStream
 
 from shellbox.agent import client as agent_client
 from shellbox.agent import protocol, pty_client
@@ -118,6 +118,7 @@ from shellbox.sandbox.host_files import HostFiles, sync_chunks
 from shellbox.sandbox.netns_dial import Netns, NetnsDialer, open_netns
 from shellbox.sandbox.run_dirs import RUN_BASE, run_base_for
 from shellbox.sandbox.skill_layouts import SkillLayouts, check_key
+from shellbox.sandbox.socket_stream import SocketByteStream
 from shellbox.sandbox.wire import spec_from_json, spec_to_json
 
 log = logging.getLogger("shellbox.sandbox")
@@ -802,7 +803,7 @@ class OciRuntime:
         except ConnectionRefusedError:
             msg = f"nothing listens on 127.0.0.1:{port} in container {container_id}"
             raise PortNotListening(msg, param="port") from None
-        return await SocketStream.from_socket(sock)
+        return SocketByteStream(sock)
 
     async def _container_netns(self, container_id: str) -> Netns:
         held = self._netns.get(container_id)

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import anyio
 import httpx
+from anyio.abc import ByteStream
+from websockets.asyncio.client import ClientConnection
 
 from shellbox.errors import InvalidRequest, NodeUnavailable, SandboxError, ShellboxError
 from shellbox.patch import PatchOperation
@@ -38,6 +40,8 @@ from shellbox.sandbox.base import (
     ExecRequest,
     FileInfo,
     PatchResult,
+    PtyRequest,
+    PtySession,
     RecoveryAction,
     Runtime,
     RuntimeInfo,
@@ -45,6 +49,7 @@ from shellbox.sandbox.base import (
     SandboxState,
     SnapshotTaken,
 )
+from shellbox.sandbox.remote_streams import RemoteByteStream, RemotePty, dial, open_websocket
 
 ARGS_HEADER = "shellbox-args"  # must match shellbox/node/app.py
 PREFIX = "/v1/runtime/"  # must match shellbox/node/app.py
@@ -103,6 +108,7 @@ class RemoteRuntime:
         self.name = name or urlsplit(self.base_url).netloc or self.base_url
         self._headers = {"authorization": f"Bearer {cluster_key}"}
         self._connect_timeout_s = connect_timeout_s
+        self._call_timeout_s = timeout_s
         # A call may take as long as the node's work (a fork of a large disk, an agent's
         # start); reaching the node may not.
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
@@ -124,16 +130,19 @@ class RemoteRuntime:
         return NodeUnavailable(msg)
 
     def _error(self, response: httpx.Response, body: bytes) -> ShellboxError:
-        if response.status_code == 401:
+        return self._refused(response.status_code, body)
+
+    def _refused(self, status: int, body: bytes) -> ShellboxError:
+        if status == 401:
             msg = f"the node {self.name} refused the cluster key"
             return SandboxError(msg)
         try:
             raw = json.loads(body)
         except ValueError:
             raw = None
-        if raw is None and response.status_code in (502, 503, 504):  # a proxy in between
-            return self._unavailable(RuntimeError(f"HTTP {response.status_code}"))
-        return wire.error_from_json(raw, response.status_code)
+        if raw is None and status in (502, 503, 504):  # a proxy in between
+            return self._unavailable(RuntimeError(f"HTTP {status}"))
+        return wire.error_from_json(raw, status)
 
     async def _call(self, method: str, args: Mapping[str, Any]) -> Any:
         try:
@@ -194,6 +203,30 @@ class RemoteRuntime:
         finally:
             await response.aclose()
         return json.loads(data)["result"]
+
+    async def _websocket(self, method: str, args: Mapping[str, Any]) -> ClientConnection:
+        """A WebSocket to the node's ``method`` (``remote_streams.py`` says why and how): the
+        node answers only once the call is made, and a refusal is raised as its class."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or "localhost"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if parts.scheme == "https":
+            msg = f"the node {self.name}: streams over https are not supported yet"
+            raise SandboxError(msg)
+        try:
+            sock = await dial(host, port, self._connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise self._unavailable(exc) from None
+        url = f"ws://{parts.netloc}{parts.path}{PREFIX}{method}"
+        headers = {**self._headers, ARGS_HEADER: json.dumps(dict(args))}
+        # The handshake waits for the node's call (a terminal may restart its container):
+        # as long as any call may take, not only the connect timeout.
+        try:
+            return await open_websocket(
+                url, sock, headers, open_timeout_s=self._call_timeout_s, refused=self._refused
+            )
+        except (OSError, TimeoutError, EOFError) as exc:
+            raise self._unavailable(exc) from None
 
     async def _bytes(self, response: httpx.Response) -> AsyncIterator[bytes]:
         try:
@@ -296,7 +329,21 @@ class RemoteRuntime:
     async def remove_skill(self, key: str) -> None:
         await self._call("remove_skill", {"key": key})
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        used = await self._call("memory_usage", {"container_id": container_id})
+        return None if used is None else int(used)
+
+    # -- services inside ----------------------------------------------------------------
+
+    async def connect_port(self, container_id: str, port: int) -> ByteStream:
+        args = {"container_id": container_id, "port": port}
+        return RemoteByteStream(await self._websocket("connect_port", args))
+
     # -- commands -------------------------------------------------------------------------
+
+    async def pty(self, container_id: str, request: PtyRequest) -> PtySession:
+        args = {"container_id": container_id, "request": wire.pty_request_to_json(request)}
+        return RemotePty(await self._websocket("pty", args))
 
     async def exec(self, container_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         args = {"container_id": container_id, "request": wire.request_to_json(request)}

@@ -31,6 +31,7 @@ from shellbox.sandbox.base import (
     Outcome,
     OutputDelta,
     PatchResult,
+    PtyRequest,
     RuntimeInfo,
     SandboxInfo,
     SecretInjection,
@@ -93,6 +94,29 @@ def request_from_json(raw: Mapping[str, Any]) -> ExecRequest:
         env=raw.get("env"),
         cwd=raw.get("cwd"),
         stream=bool(raw.get("stream", True)),
+    )
+
+
+def pty_request_to_json(request: PtyRequest) -> dict[str, Any]:
+    raw = dataclasses.asdict(request)
+    raw["env"] = dict(request.env) if request.env is not None else None
+    return raw
+
+
+def pty_request_from_json(raw: Mapping[str, Any]) -> PtyRequest:
+    env = raw.get("env")
+    command, cwd = raw.get("command"), raw.get("cwd")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(v, str) for v in env.values())
+    ):
+        msg = "request.env must be an object of strings"
+        raise TypeError(msg)
+    return PtyRequest(
+        cols=int(raw["cols"]),
+        rows=int(raw["rows"]),
+        command=None if command is None else str(command),
+        env=env,
+        cwd=None if cwd is None else str(cwd),
     )
 
 

@@ -5,10 +5,6 @@ The API role: started with podman as the API Deployment
 answers 200 on /healthz, the readiness probe's path.
 
 Differences from the Deployment, each for a reason:
-- ``PENDING_FLAGS``: flags of `shellbox serve` that main does not have yet (the cluster
-  branch adds them); until then the server runs its sandboxes itself, so the test gives it
-  the `minimal` sandbox image read-only and no disk quota (storage.backend "none": no loop
-  device) and no warm pool, and the container creates none;
 - it listens on 127.0.0.1 (host network), not 0.0.0.0: no test traffic leaves this machine,
   and a server with no API key listens only on loopback;
 - the Deployment's security context, as podman says it: uid 0 with every capability
@@ -50,7 +46,6 @@ DEPLOYMENT = REPO / "deploy" / "kubernetes" / "base" / "api-deployment.yaml"
 DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "node-daemonset.yaml"
 CONFIGMAP = REPO / "deploy" / "kubernetes" / "base" / "configmap.yaml"
 IMAGES = REPO / ".state" / "images"
-PENDING_FLAGS = ("--role", "--cluster-key-file")  # remove each as main gains it
 STARTUP_S = 90
 
 
@@ -85,12 +80,10 @@ def api_container() -> dict:
 
 
 def podman_args(container: dict, port: int) -> list[str]:
-    """The Deployment's args, as this host can run them now (see the module's docstring)."""
+    """The Deployment's args, listening on this host's loopback (see the module's docstring)."""
     out = []
     for arg in container["args"]:
         flag = arg.split("=", 1)[0]
-        if flag in PENDING_FLAGS:
-            continue
         out.append({"--host": "--host=127.0.0.1", "--port": f"--port={port}"}.get(flag, arg))
     return out
 
@@ -123,10 +116,6 @@ def test_api_role_from_the_image_answers_healthz(
     env = {
         **settings,
         "SHELLBOX_STORE__DATABASE_URL": url,  # the Secret's `url`, by the same variable
-        "SHELLBOX_RUNTIME__IMAGE_PROFILE": "minimal",
-        "SHELLBOX_RUNTIME__IMAGE_DIR": "/images",
-        "SHELLBOX_STORAGE__BACKEND": "none",
-        "SHELLBOX_LIFECYCLE__WARM_POOL_SIZE": "0",
     }
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     name = f"shellbox-test-api-{uuid.uuid4().hex[:8]}"
@@ -135,7 +124,6 @@ def test_api_role_from_the_image_answers_healthz(
         "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
         "--tmpfs", mounts["tmp"], "--tmpfs", mounts["state"],
         "--volume", f"{key_dir}:{mounts['keys']}:ro",
-        "--volume", f"{IMAGES.resolve()}:/images:ro",
         "--volume", f"{cluster.root}:{cluster.root}",  # the database's Unix socket
         *(f"--env={k}={v}" for k, v in env.items()),
         "--entrypoint", container["command"][0],

@@ -12,16 +12,16 @@ Differences from the Deployment, each for a reason:
 
 The node role: in a container with what the node DaemonSet
 (deploy/kubernetes/base/node-daemonset.yaml) gives its pod (privileged, its hostPaths), the
-image's own crun, btrfs and agent run a real sandbox command with a disk quota. `shellbox
-node` is not on main yet (the seam branch adds it): until then `shellbox run` stands for it.
+image's own crun, btrfs and agent run a real sandbox command with a disk quota, for a caller
+that presents the cluster key, through `RemoteRuntime` as an API replica would.
 
 The image is built (or found cached) by scripts/image.sh, which scripts/test.sh runs first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import json
 import os
 import shutil
 import socket
@@ -39,7 +39,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy import make_url
 
 import pg_helpers as postgres
-from shellbox.sandbox import hostns
+from shellbox.ids import new_id
+from shellbox.sandbox import ContainerSpec, ExecRequest, hostns
+from shellbox.sandbox.remote import RemoteRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENT = REPO / "deploy" / "kubernetes" / "base" / "api-deployment.yaml"
@@ -161,7 +163,21 @@ def logs(name: str) -> str:
     return (out.stdout + out.stderr)[-3000:]
 
 
-def test_node_role_from_the_image_runs_a_sandbox(image: str) -> None:
+def node_args(container: dict, port: int, state: Path) -> list[str]:
+    """The DaemonSet's args with the pod's address and name filled in as the kubelet does,
+    listening on this host's loopback, with a state directory of the test's own."""
+    own = {
+        "--listen": f"--listen=127.0.0.1:{port}",
+        "--advertise": f"--advertise=http://127.0.0.1:{port}",
+        "--name": "--name=test-node",
+        "--state-dir": f"--state-dir={state}",
+    }
+    return [own.get(arg.split("=", 1)[0], arg) for arg in container["args"]]
+
+
+def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> None:
+    """`shellbox node`, run as the DaemonSet runs it, answers /healthz without the key and
+    runs a real sandbox (uid 1000, its btrfs disk with a quota) for a caller with the key."""
     daemonset = yaml.safe_load(DAEMONSET.read_text())
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -174,35 +190,68 @@ def test_node_role_from_the_image_runs_a_sandbox(image: str) -> None:
     # same path inside (the runtime's /run/shellbox/<key> is keyed by that path).
     state = Path(tempfile.mkdtemp(prefix="shellbox-test-node-", dir="/var/tmp"))
     state.chmod(0o711)
-    volumes = []
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    key_dir = tmp_path / "secrets"  # what the shellbox-keys Secret holds
+    key_dir.mkdir()
+    key = os.urandom(32).hex()
+    (key_dir / "cluster-key").write_text(key)
+    (key_dir / "cluster-key").chmod(0o400)
+    volumes = [f"{key_dir}:{mounts['keys']}:ro"] if "keys" in mounts else []
     for mount in container["volumeMounts"]:
         if mount["name"] == "state":
             volumes.append(f"{state}:{state}")
         elif mount["name"] in host_paths:
             propagation = ":rshared" if mount.get("mountPropagation") == "Bidirectional" else ""
             volumes.append(f"{host_paths[mount['name']]}:{mount['mountPath']}{propagation}")
-    assert len(volumes) == len(host_paths)
+    port = free_port()
+    name = f"shellbox-test-node-{uuid.uuid4().hex[:8]}"
     argv = [
-        *PODMAN_RUN, "--rm", "--privileged", "--network", "none",
+        *PODMAN_RUN, "--detach", "--name", name, "--privileged", "--network", "host",
         *(f"--volume={v}" for v in volumes),
         "--volume", f"{IMAGES.resolve()}:/images:ro",
         "--env=SHELLBOX_RUNTIME__IMAGE_DIR=/images",
         "--env=SHELLBOX_RUNTIME__IMAGE_PROFILE=minimal",
         "--env=SHELLBOX_STORAGE__SIZE_GB=2",
         "--entrypoint", container["command"][0],
-        image, "run", "--state-dir", str(state), "--",
-        "id -u", "df --output=fstype,size -B1G /mnt/data | tail -1",
+        image, *node_args(container, port, state),
     ]  # fmt: skip
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        item = json.loads(done.stdout)
-        assert item["type"] == "shell_call_output"
-        uid, disk = (o["stdout"].split() for o in item["output"])
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, f"no answer in {STARTUP_S} s: " + logs(name)
+                time.sleep(0.5)
+        assert answer.status_code == 200, answer.text
+        uid, disk = asyncio.run(run_on_node(f"http://127.0.0.1:{port}", key))
         assert uid == ["1000"]
         assert disk[0] == "btrfs"  # the per-container subvolume on the loop device
     finally:
+        subprocess.run(["podman", "rm", "--force", "--time", "10", name], capture_output=True)
         hostns.detach(str(state / "disks"))
-        key = hashlib.sha256(str(state).encode()).hexdigest()[:12]
-        shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
+        run_key = hashlib.sha256(str(state).encode()).hexdigest()[:12]
+        shutil.rmtree(Path("/run/shellbox") / run_key, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def run_on_node(url: str, key: str) -> tuple[list[str], list[str]]:
+    """Through the Runtime protocol, as an API replica does: a container's user and disk."""
+    runtime = RemoteRuntime(url, key, name="test-node")
+    cid = new_id("cntr_")
+    try:
+        await runtime.create(ContainerSpec(id=cid))
+        await runtime.start(cid)
+        results = await runtime.run(
+            cid,
+            ExecRequest(
+                ["id -u", "df --output=fstype,size -B1G /mnt/data | tail -1"], 60_000, 4096
+            ),
+        )
+        await runtime.destroy(cid)
+        return results[0].stdout.split(), results[1].stdout.split()
+    finally:
+        await runtime.aclose()

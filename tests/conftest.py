@@ -261,11 +261,19 @@ def server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Ser
         return server.start() if start else server
 
     yield make
-    for server in started:
+    for server in started:  # all stop, whatever a clean-up below raises
         server.stop()
-        destroy_all_sandboxes(server.state_dir)
+    failures: list[Exception] = []
+    for server in started:
+        try:
+            destroy_all_sandboxes(server.state_dir)
+        except Exception as exc:  # the other servers are still cleaned; raised below
+            failures.append(exc)
+            continue  # its state directory is kept, to look at
         hostns.detach(str(server.state_dir / "disks"))  # mounted here by destroy_all_sandboxes
         shutil.rmtree(server.state_dir, ignore_errors=True)
+    if failures:
+        raise failures[0]
 
 
 @pytest.fixture(scope="session")

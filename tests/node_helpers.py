@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,7 @@ class NodeProcess:
     key_file: Path | None = None
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    ca_file: Path | None = None  # serving https (its certificate and key in ``env``): its CA
 
     def __post_init__(self) -> None:
         if self.key_file is None:  # removed with the state directory
@@ -56,7 +58,10 @@ class NodeProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ca_file else 'http'}://127.0.0.1:{self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
 
     @property
     def key(self) -> str:
@@ -100,7 +105,8 @@ class NodeProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited: {self.log()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                health = httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify())
+                if health.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -110,7 +116,9 @@ class NodeProcess:
     def destroy_all(self) -> None:
         """Destroy every container the node holds, through its own API."""
         auth = {"authorization": f"Bearer {self.key}"}
-        with httpx.Client(base_url=self.url, headers=auth, timeout=120) as http:
+        with httpx.Client(
+            base_url=self.url, headers=auth, timeout=120, verify=self.verify()
+        ) as http:
             listed = http.post("/v1/runtime/list", json={}).json()["result"]
             for info in listed:
                 http.post("/v1/runtime/destroy", json={"container_id": info["id"]})

@@ -15,9 +15,9 @@ serve`` subprocess (network disabled, the default). The same ``GET /`` is timed:
 
 Overhead = median(route) - median(direct); goal <= 1 ms. The service answers with
 ``Connection: close`` on every request, both ways, so each request also opens a connection to
-it in both measurements. The paths take turns request by request (a burst of load elsewhere
-falls on all of them), and the table also shows the server's CPU per request (its threads'
-``schedstat``), which a busy machine inflates far less than wall times.
+it in both measurements. The paths take turns request by request, in a shuffled order (a burst
+of load elsewhere falls on all of them), and the table also shows the server's CPU per request
+(its threads' ``schedstat``), which a busy machine inflates far less than wall times.
 
 Run: ``.venv/bin/python bench/bench_ports.py [--runs N] [--baseline OTHER/.venv/bin/python]``
 (``--baseline``: another checkout's server, e.g. main's, measured in the same run). Prints a
@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -182,7 +183,11 @@ async def measure(
     cpu: dict[str, float] = {name: 0 for name, _, how in plan if isinstance(how, Route)}
     warm_up = max(runs // 4, 10)
     try:
+        shuffle = random.Random(42).shuffle
         for round_ in range(warm_up + runs):
+            # In a fixed order the path after the direct one paid for the server waking up
+            # (measured: whichever route came first was 0.5 ms slower): shuffled per round.
+            shuffle(plan)
             for name, t, how in plan:
                 if not isinstance(how, Route):
                     elapsed = await once_direct(how, dialer)

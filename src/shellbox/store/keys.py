@@ -80,7 +80,7 @@ class SqlKeyStore:
 
     def by_hash(self, key_hash: str) -> KeyMatch | None:
         row = self.db.first_row(_BY_HASH, {"key_hash": key_hash})
-        return None if row is None else KeyMatch(*row)
+        return None if row is None else KeyMatch(row["id"], row["project"], row["revoked_at"])
 
     def any_active(self) -> bool:
         with self.db.connect() as conn:

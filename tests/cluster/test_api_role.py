@@ -24,6 +24,7 @@ import pytest
 from cluster_helpers import make_state_dir, remove_state_dir
 
 from shellbox.app import create_app
+from shellbox.cli import main
 from shellbox.cluster import NodeRegistration
 from shellbox.errors import InvalidRequest
 from shellbox.sandbox import OciRuntime, create_runtime
@@ -184,6 +185,24 @@ def test_an_api_replica_needs_postgresql_and_a_cluster_key(tmp_path: Path) -> No
     )
     with pytest.raises(InvalidRequest, match=r"needs cluster\.key_file"):
         create_services(settings)
+
+
+def test_serve_as_an_api_replica_refuses_sqlite_before_touching_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shellbox serve --role api`` without a PostgreSQL URL says why and exits: no state
+    directory, no SQLite database made (and so migrated) on the way."""
+    state = tmp_path / "state"
+    key_file = tmp_path / "cluster.key"
+    key_file.write_text("k" * 44)
+    key_file.chmod(0o600)
+    argv = ["serve", "--role", "api", "--state-dir", str(state)]
+    assert main([*argv, "--cluster-key-file", str(key_file)]) == 2
+    said = capsys.readouterr().err
+    assert "cluster.role 'api' needs store.database_url to be a PostgreSQL URL" in said
+    assert main([*argv, "--database-url", f"sqlite:///{tmp_path}/api.db"]) == 2
+    assert not state.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.key"]
 
 
 async def test_any_replica_serves_any_container_and_any_file(cluster: Cluster) -> None:

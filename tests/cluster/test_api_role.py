@@ -420,3 +420,31 @@ async def test_a_skill_uploaded_through_one_replica_mounts_through_the_other(
         await b.sdk.skills.delete(skill.id)
     with pytest.raises(openai.NotFoundError):
         await a.sdk.skills.retrieve(skill.id)
+
+
+async def test_a_replica_forgets_the_containers_the_other_replica_ended(cluster: Cluster) -> None:
+    """What a replica keeps in memory of a container it served (its record, its lock, its
+    files' index) goes within a reaper round of the container's end through the other
+    replica, which alone runs the features' ``release``: nothing grows with the containers
+    a long-lived replica has served."""
+    a, b = cluster.a, cluster.b
+    made = [await a.sdk.containers.create(name=f"forgotten{i}") for i in range(4)]
+    ids = {c.id for c in made}
+    for c in made:
+        assert stdout(await shell(b.http, c.id, "echo x > f.txt; echo ok")) == "ok\n"
+        assert [f.path async for f in await b.sdk.containers.files.list(c.id)] == [
+            "/mnt/data/f.txt"
+        ]
+    paused = await b.http.post(f"/v1/containers/{made[0].id}/pause")
+    assert paused.status_code == 200, paused.text
+    assert ids <= b.services.containers.remembered()
+    assert ids <= b.services.files.remembered()
+    for c in made:
+        await a.sdk.containers.delete(c.id)
+    assert not ids & a.services.containers.remembered()  # ended there: forgotten at once
+
+    async def forgotten() -> bool:
+        return not ids & b.services.containers.remembered()
+
+    assert await eventually(forgotten, 3 * REAPER_INTERVAL_S + 5)
+    assert not ids & b.services.files.remembered()

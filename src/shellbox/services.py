@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from shellbox.cluster import ClusterRuntime, Connect, Lease
+from shellbox.cluster.doomed import DoomedSweep
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
@@ -212,6 +213,8 @@ def _compose(
     containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     containers.attach(snapshots)  # (its housekeeping: expiry)
+    if isinstance(runtime, ClusterRuntime):
+        containers.attach(DoomedSweep(runtime))  # deleted while their node was away
     pty = PtyService(containers, settings.limits.max_ptys_per_container)
     containers.attach(pty)
     responses = ResponsesService(

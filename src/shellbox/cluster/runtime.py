@@ -146,12 +146,14 @@ class ClusterRuntime:
 
     async def _undo(self, client: Runtime, item_id: str, kind: PlacementKind) -> None:
         """After a failed create or fork: remove what the node may have made, then the
-        placement (best effort: the creation's own error is what the caller sees)."""
+        placement (best effort: the creation's own error is what the caller sees). A node
+        lost meanwhile has it removed once it is back (``destroy_doomed``)."""
         try:
-            if kind == "container":
-                await client.destroy(item_id)
-            else:
-                await client.delete_snapshot(item_id)
+            await _remove_on(client, item_id, kind)
+        except NodeUnavailable:
+            self.nodes.doom(item_id)
+            log.warning("undoing %s %s: its node is unavailable; removed once back", kind, item_id)
+            return
         except (ShellboxError, OSError):
             log.exception("undoing %s %s on its node failed", kind, item_id)
         self.nodes.unplace(item_id)

@@ -42,6 +42,7 @@ from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, resp
 
 log = logging.getLogger("shellbox.containers")
 DEFAULT_MEMORY: MemoryLimit = "1g"
+FORGET_BATCH = 500  # container ids per query of ``forget_ended``
 
 
 class Lease(Protocol):
@@ -81,6 +82,7 @@ class ContainerService:
         # project -> memory limits of creations not yet in the database (once their row is
         # in, the database counts them: counting them here too refused creates below the cap)
         self._creating: dict[str, list[str]] = {}
+        self._making: set[str] = set()  # ids of creations under way (no row yet, perhaps)
         self._reaper: asyncio.Task[None] | None = None
         # API replicas (``cluster.role = "api"``): the reaper's shared work (sleep, expiry,
         # features' housekeeping) runs only while this lease is held, so once across replicas;
@@ -218,6 +220,7 @@ class ContainerService:
         ):
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
+        self._making.add(cid)
         try:
             for feature in self.features:
                 await feature.provision(principal, req, cid, prov)
@@ -287,6 +290,8 @@ class ContainerService:
         except BaseException:
             await self._discard(cid, prov)
             raise
+        finally:
+            self._making.discard(cid)
         self._live[cid] = dataclasses.replace(record)
         return record
 
@@ -581,6 +586,7 @@ class ContainerService:
             if live is not None:
                 self._note_activity(live)
         self.flush_activity()
+        self.forget_ended()
         for step in self.each_round:
             try:
                 await step()
@@ -621,6 +627,35 @@ class ContainerService:
                 await feature.housekeep()
             except Exception:
                 log.exception("housekeeping of %s failed", type(feature).__qualname__)
+
+    def remembered(self) -> set[str]:
+        """The containers this process keeps something of in memory (here or in a feature)."""
+        kept = set(self._live) | set(self._locks)
+        for feature in self.features:
+            kept |= feature.remembered()
+        return kept
+
+    def forget_ended(self) -> int:
+        """Drop what this process keeps in memory of containers that have ended: here, that
+        is done as they end (``_end``, the features' ``release``), but API replicas (or
+        servers) sharing a database end containers that the others used too, and nothing
+        would tell those. One query a reaper round, for what is kept; returns how many were
+        forgotten. Containers in use here are kept whatever their row says."""
+        kept = self.remembered() - set(self._busy) - set(self._held) - self._making
+        kept -= {cid for cid, lock in self._locks.items() if lock.locked()}
+        ordered = sorted(kept)
+        live: set[str] = set()
+        for at in range(0, len(ordered), FORGET_BATCH):
+            rows = self.store.by_ids(ordered[at : at + FORGET_BATCH])
+            live |= {r.id for r in rows if r.status in LIVE}
+        ended = kept - live
+        for cid in ended:
+            self._live.pop(cid, None)
+            self._locks.pop(cid, None)
+            self._dirty.discard(cid)
+            for feature in self.features:
+                feature.forget(cid)
+        return len(ended)
 
     async def _sleep(self, record: ContainerRecord, *, idle_since: int) -> None:
         """Idle: freeze its processes (they keep their memory and answer after the next

@@ -462,17 +462,21 @@ def _freeze_and_kill(
     group: str, control: str, values: tuple[str, str], frozen: Callable[[str], bool]
 ) -> None:
     """Kill every process in ``group``. A frozen process cannot fork, and ignores SIGKILL
-    until thawed: freeze, kill, thaw, until the group is empty."""
+    until thawed: freeze, kill, thaw, until the group is empty. The thaw happens whatever
+    fails in between: a group left frozen would hold its processes past every later kill
+    (the host's removal of the container thaws too, for an agent killed in between)."""
     freeze, thaw = values
     for _ in range(5):
         write_file(f"{group}/{control}", freeze)
-        deadline = time.monotonic() + 1.0
-        while not frozen(group) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        pids = [int(p) for p in read_file(group + "/cgroup.procs").split()]
-        for pid in pids:
-            _kill_quietly(pid)
-        write_file(f"{group}/{control}", thaw)
+        try:
+            deadline = time.monotonic() + 1.0
+            while not frozen(group) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            pids = [int(p) for p in read_file(group + "/cgroup.procs").split()]
+            for pid in pids:
+                _kill_quietly(pid)
+        finally:
+            write_file(f"{group}/{control}", thaw)
         if not pids:
             return
         deadline = time.monotonic() + 0.2

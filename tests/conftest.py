@@ -7,8 +7,6 @@ containers' root uid, hence not under pytest's 0700 tmp_path.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,15 @@ import pytest
 
 import cluster_lane as lane
 import pg_helpers as postgres
-from process_helpers import ChildProcess, free_port, make_state_dir
+from process_helpers import (
+    ChildProcess,
+    destroy_all_sandboxes,
+    free_port,
+    make_state_dir,
+    remove_state_dir,
+)
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
+from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
 from shellbox.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,11 +34,7 @@ IMAGE_DIR = REPO / ".state" / "images"
 def state_dir() -> Iterator[Path]:
     path = make_state_dir()
     yield path
-    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
-    shutil.rmtree(path, ignore_errors=True)
-    # and the runtime's volatile directory for it (OCI state, sockets): /run/shellbox/<key>
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
+    remove_state_dir(path)  # and its volatile directory (OCI state, sockets) in /run
 
 
 @pytest.fixture(scope="session")
@@ -154,23 +154,6 @@ class ServerProcess(ChildProcess):
         return self.log_path.read_text()[-5000:] if self.log_path else ""
 
 
-def destroy_all_sandboxes(state_dir: Path) -> None:
-    """Remove every container a test server left (its processes, cgroups, files)."""
-    import asyncio
-
-    from shellbox.sandbox.crun import OciRuntime
-    from shellbox.sandbox.image import image_for
-
-    async def go() -> None:
-        # The storage backend the servers had: from the environment, as theirs.
-        config = storage_config(Settings(state_dir=state_dir))
-        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path, storage_config=config)
-        for info in await rt.list():
-            await rt.destroy(info.id)
-
-    asyncio.run(go())
-
-
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[postgres.Cluster]:
     """A throwaway PostgreSQL cluster for the session (each test takes a fresh database)."""
@@ -215,8 +198,7 @@ def server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Ser
         except Exception as exc:  # the other servers are still cleaned; raised below
             failures.append(exc)
             continue  # its state directory is kept, to look at
-        hostns.detach(str(server.state_dir / "disks"))  # mounted here by destroy_all_sandboxes
-        shutil.rmtree(server.state_dir, ignore_errors=True)
+        remove_state_dir(server.state_dir)
     if failures:
         raise failures[0]
 

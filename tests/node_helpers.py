@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from process_helpers import ChildProcess, free_port, make_state_dir
-
-__all__ = ["NodeProcess", "free_port", "make_state_dir", "write_key_file"]
+from process_helpers import ChildProcess
+from process_helpers import free_port as free_port
+from process_helpers import make_state_dir as make_state_dir
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / ".state" / "images"

@@ -199,6 +199,26 @@ class HostCgroups:
                         next_kill = time.monotonic() + KILL_REPEAT_S
                     time.sleep(0.01)
 
+    def remove_if_empty(self, container_id: str) -> bool:
+        """Remove the container's cgroups if no process is left in them, killing nothing:
+        the removal of a dead container's leftovers. False (and some kept) when a process
+        is still there."""
+        tops = [top for top in self._tops(container_id) if top.is_dir()]
+        # Looked at in every hierarchy first: a process can sit in one and not another, and
+        # a hierarchy's cgroup removed before the busy one is found would be gone for good.
+        if any(_holds_processes(top) for top in tops):
+            return False
+        for top in tops:
+            try:
+                _rmdir_tree(top)
+            except FileNotFoundError:
+                pass  # removed meanwhile
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                return False
+        return True
+
     def _tops(self, container_id: str) -> list[Path]:
         """The container's cgroup in every hierarchy (v1), or its one cgroup (v2)."""
         if self.mode is CgroupMode.v2:
@@ -328,6 +348,15 @@ def _thaw_tree(path: Path, control: str, thawed: str) -> None:
     for state in path.rglob(control):  # the top's own file too
         with contextlib.suppress(FileNotFoundError):  # removed meanwhile
             state.write_text(thawed)
+
+
+def _holds_processes(path: Path) -> bool:
+    """Whether any cgroup of a tree holds a process."""
+    for procs in path.rglob("cgroup.procs"):
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if procs.read_text().strip():
+                return True
+    return False
 
 
 def _rmdir_tree(path: Path) -> None:

@@ -68,9 +68,6 @@ class ContainerService:
         self.features: list[ContainerFeature] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
-        # Containers kept awake by something open on them (terminals): the reaper neither
-        # sleeps nor expires them, but a pause may (and ends what holds them).
-        self._held: dict[str, int] = {}
         # Live containers this server has used, by id: one shared record per container, so
         # that a call, the reaper and a delete in this process see each other's changes. Every
         # call still reads the container's row (another server on the same database may have
@@ -466,23 +463,6 @@ class ContainerService:
                 del self._busy[cid]
             self._note_activity(record)
 
-    @contextlib.asynccontextmanager
-    async def held(self, principal: Principal, cid: str) -> AsyncIterator[ContainerRecord]:
-        """Keep a container awake while something interactive is open on it (a terminal):
-        woken first, as any call wakes it, then counted as active until the block ends; a
-        pause, or the container's end, is not held back (the features' ``sleeping`` and
-        ``release`` end what is open)."""
-        async with self.activity(principal, cid) as record:
-            pass
-        self._held[cid] = self._held.get(cid, 0) + 1
-        try:
-            yield record
-        finally:
-            self._held[cid] -= 1
-            if not self._held[cid]:
-                del self._held[cid]
-            self._note_activity(record)
-
     @staticmethod
     def _gone(record: ContainerRecord) -> ContainerNotRunning:
         msg = f"container {record.id} has {record.status}; create a new one"
@@ -508,7 +488,8 @@ class ContainerService:
             self._dirty.add(record.id)
 
     def touch(self, cid: str) -> None:
-        """Renew last_active_at (file operations: uploads, downloads, deletes)."""
+        """Renew last_active_at (file operations: uploads, downloads, deletes; a terminal's
+        keystrokes and output)."""
         live = self._live.get(cid)
         if live is not None:
             self._note_activity(live)
@@ -581,10 +562,6 @@ class ContainerService:
     # -- background -------------------------------------------------------------------------
 
     async def reap_once(self) -> None:
-        for cid in self._held:  # open terminals are activity
-            live = self._live.get(cid)
-            if live is not None:
-                self._note_activity(live)
         self.flush_activity()
         self.forget_ended()
         for step in self.each_round:
@@ -602,17 +579,13 @@ class ContainerService:
             idle = now - seen
             expire = idle >= record.expires_after_minutes * lc.minute_s
             sleep = record.status == "running" and idle >= lc.idle_sleep_s
-            if record.id in self._busy or record.id in self._held or not (expire or sleep):
+            if record.id in self._busy or not (expire or sleep):
                 continue
             try:
                 async with self._lock(record.id):
                     # Checked again under the lock: a call may have started meanwhile (calls
                     # that start from now on wait for the lock, then see the new status).
-                    if (
-                        record.id in self._busy
-                        or record.id in self._held
-                        or self._fresh(record).last_active_at > seen
-                    ):
+                    if record.id in self._busy or self._fresh(record).last_active_at > seen:
                         continue
                     if expire:
                         await self._end(record, "expired", idle_since=seen)

@@ -23,12 +23,15 @@ cd "$(dirname "$0")/.."
 SHELLBOX_TEST_DATABASE=postgresql .venv/bin/pytest "$@" \
   tests/api/test_containers.py tests/api/test_files.py tests/api/test_auth.py \
   tests/api/test_snapshot_retention.py
-# The cluster lane: its own tests, the egress one, and the API suite's containers, calls,
-# files and skills tests against HAProxy's port. Left out there, and why: tests that look at
-# one server's disk (skills' unpacked files, which live on each node and replica here).
+# The cluster lane: its own tests (snapshots, forks, pause and deletes on a lost node among
+# them), the egress one, and the API suite's containers, calls, files and skills tests and its
+# pause test against HAProxy's port. Left out there, and why: tests that look at one server's
+# disk (skills' unpacked files, which live on each node and replica here), and the snapshot
+# ones, which each start a server of their own settings (tests/cluster has its own).
 SHELLBOX_TEST_CLUSTER=1 exec .venv/bin/pytest "$@" \
   tests/cluster tests/egress/test_cluster_egress.py \
   tests/api/test_containers.py tests/api/test_calls.py tests/api/test_files.py \
+  tests/api/test_pause.py::test_pause_keeps_memory_uses_no_cpu_and_any_call_resumes \
   tests/api/test_skills_api.py tests/api/test_skills_containers.py \
   --deselect tests/api/test_skills_api.py::test_create_from_zip_round_trips_byte_for_byte \
   --deselect tests/api/test_skills_api.py::test_deletion_rules \

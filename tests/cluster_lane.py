@@ -26,10 +26,14 @@ IMAGE_DIR = REPO / ".state" / "images"
 CLUSTER_ENV = "SHELLBOX_TEST_CLUSTER"
 # Short enough for the node-loss tests; the rest of the lifecycle as a real deployment's.
 NODE_TIMEOUT_S = 3
+# 10 MiB: a snapshot of a container holding 6 MiB fits, a second does not (the snapshot test
+# in tests/cluster; the API tests run through the lane take no snapshot).
+SNAPSHOT_QUOTA_BYTES = 10 << 20
 CLUSTER_TEST_ENV = {
     "SHELLBOX_CLUSTER__NODE_TIMEOUT_S": str(NODE_TIMEOUT_S),
     "SHELLBOX_CLUSTER__HEARTBEAT_S": "0.5",
     "SHELLBOX_LIFECYCLE__REAPER_INTERVAL_S": "0.5",
+    "SHELLBOX_LIMITS__MAX_SNAPSHOT_GB_PER_PROJECT": str(SNAPSHOT_QUOTA_BYTES / (1 << 30)),
 }
 
 

@@ -7,9 +7,6 @@ containers' root uid, hence not under pytest's 0700 tmp_path.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,29 +15,26 @@ import pytest
 
 import cluster_lane as lane
 import pg_helpers as postgres
+from process_helpers import (
+    ChildProcess,
+    destroy_all_sandboxes,
+    free_port,
+    make_state_dir,
+    remove_state_dir,
+)
 from shellbox.ids import new_id
-from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime, hostns, storage_config
+from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
 from shellbox.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
 
 
-def make_state_dir(prefix: str = "shellbox-test-") -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
-    path.chmod(0o711)
-    return path
-
-
 @pytest.fixture(scope="session")
 def state_dir() -> Iterator[Path]:
     path = make_state_dir()
     yield path
-    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
-    shutil.rmtree(path, ignore_errors=True)
-    # and the runtime's volatile directory for it (OCI state, sockets): /run/shellbox/<key>
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
+    remove_state_dir(path)  # and its volatile directory (OCI state, sockets) in /run
 
 
 @pytest.fixture(scope="session")
@@ -69,24 +63,15 @@ async def container(runtime: OciRuntime) -> AsyncIterator[str]:
 # -- a real server on a loopback port ----------------------------------------------------------
 
 import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 import httpx  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class ServerProcess:
+class ServerProcess(ChildProcess):
     """``shellbox serve`` in a subprocess, on its own state directory and loopback port."""
 
     state_dir: Path
@@ -144,36 +129,10 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 60) -> ServerProcess:
         self.log_path = self.state_dir / f"server-{self.port}.log"
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shellbox.cli",
-                "serve",
-                "--state-dir",
-                str(self.state_dir),
-                "--port",
-                str(self.port),
-                *self.args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self._env(),
-        )
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log()}")
-            try:
-                if httpx.get(f"{self.root_url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not start: {self.log()}")
+        argv = [sys.executable, "-m", "shellbox.cli", "serve", "--state-dir",
+                str(self.state_dir), "--port", str(self.port), *self.args]  # fmt: skip
+        self.launch(argv, self._env(), self.log_path, f"{self.root_url}/healthz", timeout_s)
+        return self
 
     def view(self, path: Path) -> Path:
         """``path`` as the server sees it: the containers' disks are mounted in its own mount
@@ -193,37 +152,6 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text()[-5000:] if self.log_path else ""
-
-    def kill(self) -> None:
-        """Stop it uncleanly (SIGKILL), as a crash would."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def destroy_all_sandboxes(state_dir: Path) -> None:
-    """Remove every container a test server left (its processes, cgroups, files)."""
-    import asyncio
-
-    from shellbox.sandbox.crun import OciRuntime
-    from shellbox.sandbox.image import image_for
-
-    async def go() -> None:
-        # The storage backend the servers had: from the environment, as theirs.
-        config = storage_config(Settings(state_dir=state_dir))
-        rt = OciRuntime(state_dir, image_for(IMAGE_DIR, "minimal").path, storage_config=config)
-        for info in await rt.list():
-            await rt.destroy(info.id)
-
-    asyncio.run(go())
 
 
 @pytest.fixture(scope="session")
@@ -270,8 +198,7 @@ def server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Ser
         except Exception as exc:  # the other servers are still cleaned; raised below
             failures.append(exc)
             continue  # its state directory is kept, to look at
-        hostns.detach(str(server.state_dir / "disks"))  # mounted here by destroy_all_sandboxes
-        shutil.rmtree(server.state_dir, ignore_errors=True)
+        remove_state_dir(server.state_dir)
     if failures:
         raise failures[0]
 

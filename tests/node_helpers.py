@@ -5,33 +5,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import ssl
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from process_helpers import ChildProcess
+from process_helpers import free_port as free_port
+from process_helpers import make_state_dir as make_state_dir
+
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def make_state_dir(prefix: str) -> Path:
-    """A state directory the containers' root uid can traverse (not pytest's 0700 tmp)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
-    path.chmod(0o711)
-    return path
 
 
 def write_key_file(directory: Path, key: str | None = None, mode: int = 0o600) -> Path:
@@ -42,7 +29,7 @@ def write_key_file(directory: Path, key: str | None = None, mode: int = 0o600) -
 
 
 @dataclass
-class NodeProcess:
+class NodeProcess(ChildProcess):
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
@@ -92,26 +79,15 @@ class NodeProcess:
         return env
 
     def start(self, timeout_s: float = 60) -> NodeProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.environment(),
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited: {self.log()}")
-            try:
-                health = httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify())
-                if health.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"node did not start: {self.log()}")
+        self.launch(
+            self.command(),
+            self.environment(),
+            self.log_path,
+            f"{self.url}/healthz",
+            timeout_s,
+            verify=self.verify(),
+        )
+        return self
 
     def destroy_all(self) -> None:
         """Destroy every container the node holds, through its own API."""
@@ -122,16 +98,3 @@ class NodeProcess:
             listed = http.post("/v1/runtime/list", json={}).json()["result"]
             for info in listed:
                 http.post("/v1/runtime/destroy", json={"container_id": info["id"]})
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()

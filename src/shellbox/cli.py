@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from shellbox.app import create_app
     from shellbox.service.keys import is_loopback
-    from shellbox.services import create_services
+    from shellbox.services import api_settings, create_services
 
     server: dict[str, Any] = {}
     if args.host:
@@ -229,6 +229,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if cluster:
         extra["cluster"] = cluster
     settings = _settings(args, **extra)
+    if settings.cluster.role == "api":
+        # Refused before the key check below opens the database: a replica pointed at the
+        # default SQLite file must not create and migrate one on its way out.
+        settings = api_settings(settings)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Checked before anything is built: with no keys every bearer token is accepted, which is
     # only safe when nothing but this machine can connect.

@@ -87,3 +87,12 @@ class ContainerFeature(Protocol):
     async def housekeep(self) -> None:
         """Once per reaper round: this feature's own periodic cleaning."""
         return
+
+    def remembered(self) -> set[str]:
+        """The containers this feature keeps something of in this process's memory."""
+        return set()
+
+    def forget(self, cid: str) -> None:
+        """The container has ended, perhaps through another process on the same database
+        (whose ``release`` ran there, not here): drop what this process keeps of it."""
+        return

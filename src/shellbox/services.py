@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from shellbox.cluster import ClusterRuntime, Connect, Lease
+from shellbox.cluster.doomed import DoomedSweep
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
@@ -116,7 +117,7 @@ def create_services(
     replica reaches a node (default: over HTTP with the cluster key)."""
     api = settings.cluster.role == "api"
     if api:
-        settings = _api_settings(settings)
+        settings = api_settings(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     db = create_database(settings.database_url())  # migrates the schema to this release's
     stores = create_stores(db)
@@ -140,7 +141,7 @@ def create_services(
 def remote_nodes(settings: Settings) -> Connect:
     """How an API replica reaches a registered node: ``RemoteRuntime`` at the URL it
     registered, with the cluster key."""
-    assert settings.cluster.key_file is not None  # (checked by _api_settings)
+    assert settings.cluster.key_file is not None  # (checked by api_settings)
     key = load_cluster_key(settings.cluster.key_file)
     timeout_s = settings.cluster.node_connect_timeout_s
     ca_file = settings.cluster.node_ca_file
@@ -214,6 +215,8 @@ def _compose(
     containers.attach(skills.in_containers)
     containers.attach(egress, pool=("allowlist", egress.warm))
     containers.attach(snapshots)  # (its housekeeping: expiry)
+    if isinstance(runtime, ClusterRuntime):
+        containers.attach(DoomedSweep(runtime))  # deleted while their node was away
     pty = PtyService(containers, settings.limits.max_ptys_per_container)
     containers.attach(pty)
     responses = ResponsesService(
@@ -246,9 +249,10 @@ def _compose(
     )
 
 
-def _api_settings(settings: Settings) -> Settings:
+def api_settings(settings: Settings) -> Settings:
     """An API replica's settings: checked, and with no warm pool (pooled containers live on
-    the nodes, which keep their own)."""
+    the nodes, which keep their own). Reads nothing and writes nothing: ``serve`` calls it
+    before it opens (and so creates and migrates) any database."""
     url = settings.database_url()
     if not url.startswith("postgresql"):
         msg = (

@@ -19,8 +19,10 @@ from api_helpers import host_pids, shell, wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+# Activity is kept in whole seconds: something used 0.9 s ago may already count as 1 s
+# idle. Terminals in use must stay awake through that, so these tests idle 2 s.
 SHORT_IDLE = {
-    "SHELLBOX_LIFECYCLE__IDLE_SLEEP_S": "1",
+    "SHELLBOX_LIFECYCLE__IDLE_SLEEP_S": "2",
     "SHELLBOX_LIFECYCLE__REAPER_INTERVAL_S": "0.2",
 }
 
@@ -237,7 +239,7 @@ def test_several_terminals_up_to_the_cap_and_delete_ends_them(
         assert "deleted" in (t.ws.close_reason or "")
 
 
-def test_an_open_terminal_keeps_the_container_awake_and_a_pause_ends_it(
+def test_a_terminal_in_use_keeps_the_container_awake_and_a_pause_ends_it(
     server_factory: Callable[..., Any],
 ) -> None:
     srv = server_factory(env=SHORT_IDLE)
@@ -246,10 +248,12 @@ def test_an_open_terminal_keeps_the_container_awake_and_a_pause_ends_it(
         cid = http.post("/v1/containers", json={"name": "awake"}).json()["id"]
         ws = open_term(srv, "k", cid)
         t = Term(ws)
-        time.sleep(3)  # three idle-sleep periods with the terminal open
+        started = time.monotonic()
+        while time.monotonic() - started < 5:  # over two idle-sleep periods of typing
+            t.send(b"echo =awake\n")
+            t.until(rb"[\r\n]=awake")
+            time.sleep(0.3)
         assert http.get(f"/v1/containers/{cid}").json()["status"] == "running"
-        t.send(b"echo =awake\n")
-        t.until(rb"[\r\n]=awake")
         assert http.post(f"/v1/containers/{cid}/pause").status_code == 200
         t.until_closed()
         assert ws.close_code == 1001
@@ -264,3 +268,45 @@ def test_an_open_terminal_keeps_the_container_awake_and_a_pause_ends_it(
         t.until(rb"[\r\n]=woke")
         assert http.get(f"/v1/containers/{cid}").json()["status"] == "running"
         t.ws.close()
+
+
+def test_a_forgotten_terminal_lets_its_container_sleep_one_in_use_does_not(
+    server_factory: Callable[..., Any],
+) -> None:
+    """A terminal counts as activity while bytes cross it, either way: keystrokes with
+    nothing printed, or output with nothing typed. One with neither for the idle period
+    (left open in a browser tab) holds nothing: the container sleeps, the terminal closes."""
+    srv = server_factory(env=SHORT_IDLE)
+    auth = {"authorization": "Bearer k"}  # open mode: any key from loopback
+    with httpx.Client(base_url=srv.root_url, timeout=60, headers=auth) as http:
+
+        def status(cid: str) -> str:
+            return str(http.get(f"/v1/containers/{cid}").json()["status"])
+
+        forgotten, ticking, typing = (
+            http.post("/v1/containers", json={"name": n}).json()["id"]
+            for n in ("forgotten", "ticking", "typing")
+        )
+        ticks = Term(open_term(srv, "k", ticking, command="while :; do echo tick; sleep 0.3; done"))
+        keys = Term(
+            open_term(srv, "k", typing, command="stty -echo; echo =ready; exec cat >/dev/null")
+        )
+        keys.until(rb"=ready")
+        idle = Term(open_term(srv, "k", forgotten))
+        idle.until(rb"\$ ")  # the prompt; from now on nothing crosses
+        started = time.monotonic()
+        while time.monotonic() - started < 5:  # over two idle-sleep periods
+            keys.send(b"x")  # typed, read by cat, nothing printed
+            time.sleep(0.3)
+        assert wait_until(lambda: status(forgotten) == "sleeping", 10), (
+            "a terminal left open with nothing crossing it kept its container awake"
+        )
+        idle.until_closed()
+        assert idle.ws.close_code == 1001
+        assert "went to sleep" in (idle.ws.close_reason or "")
+        assert status(ticking) == status(typing) == "running"
+        ticks.until(rb"tick")  # both still open
+        keys.send(b"x")
+        assert keys.ws.close_code is None and ticks.ws.close_code is None
+        ticks.ws.close()
+        keys.ws.close()

@@ -24,6 +24,7 @@ import pytest
 from cluster_helpers import make_state_dir, remove_state_dir
 
 from shellbox.app import create_app
+from shellbox.cli import main
 from shellbox.cluster import NodeRegistration
 from shellbox.errors import InvalidRequest
 from shellbox.sandbox import OciRuntime, create_runtime
@@ -184,6 +185,24 @@ def test_an_api_replica_needs_postgresql_and_a_cluster_key(tmp_path: Path) -> No
     )
     with pytest.raises(InvalidRequest, match=r"needs cluster\.key_file"):
         create_services(settings)
+
+
+def test_serve_as_an_api_replica_refuses_sqlite_before_touching_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shellbox serve --role api`` without a PostgreSQL URL says why and exits: no state
+    directory, no SQLite database made (and so migrated) on the way."""
+    state = tmp_path / "state"
+    key_file = tmp_path / "cluster.key"
+    key_file.write_text("k" * 44)
+    key_file.chmod(0o600)
+    argv = ["serve", "--role", "api", "--state-dir", str(state)]
+    assert main([*argv, "--cluster-key-file", str(key_file)]) == 2
+    said = capsys.readouterr().err
+    assert "cluster.role 'api' needs store.database_url to be a PostgreSQL URL" in said
+    assert main([*argv, "--database-url", f"sqlite:///{tmp_path}/api.db"]) == 2
+    assert not state.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.key"]
 
 
 async def test_any_replica_serves_any_container_and_any_file(cluster: Cluster) -> None:
@@ -401,3 +420,31 @@ async def test_a_skill_uploaded_through_one_replica_mounts_through_the_other(
         await b.sdk.skills.delete(skill.id)
     with pytest.raises(openai.NotFoundError):
         await a.sdk.skills.retrieve(skill.id)
+
+
+async def test_a_replica_forgets_the_containers_the_other_replica_ended(cluster: Cluster) -> None:
+    """What a replica keeps in memory of a container it served (its record, its lock, its
+    files' index) goes within a reaper round of the container's end through the other
+    replica, which alone runs the features' ``release``: nothing grows with the containers
+    a long-lived replica has served."""
+    a, b = cluster.a, cluster.b
+    made = [await a.sdk.containers.create(name=f"forgotten{i}") for i in range(4)]
+    ids = {c.id for c in made}
+    for c in made:
+        assert stdout(await shell(b.http, c.id, "echo x > f.txt; echo ok")) == "ok\n"
+        assert [f.path async for f in await b.sdk.containers.files.list(c.id)] == [
+            "/mnt/data/f.txt"
+        ]
+    paused = await b.http.post(f"/v1/containers/{made[0].id}/pause")
+    assert paused.status_code == 200, paused.text
+    assert ids <= b.services.containers.remembered()
+    assert ids <= b.services.files.remembered()
+    for c in made:
+        await a.sdk.containers.delete(c.id)
+    assert not ids & a.services.containers.remembered()  # ended there: forgotten at once
+
+    async def forgotten() -> bool:
+        return not ids & b.services.containers.remembered()
+
+    assert await eventually(forgotten, 3 * REAPER_INTERVAL_S + 5)
+    assert not ids & b.services.files.remembered()

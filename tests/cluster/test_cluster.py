@@ -6,6 +6,7 @@ and two replicas put a container to sleep, or expire it, once."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -15,9 +16,19 @@ import httpx
 import openai
 import pytest
 
-from cluster_lane import NODE_TIMEOUT_S, remove_local_cluster, start_local_cluster
+from cluster_lane import (
+    NODE_TIMEOUT_S,
+    SNAPSHOT_QUOTA_BYTES,
+    remove_local_cluster,
+    start_local_cluster,
+)
+from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 from shellbox.store import NodeStore, create_database
+from shellbox.store.containers import SqlContainerStore
 from shellbox.store.nodes import SqlNodeStore
+
+MIB = 1 << 20
+WRITE_6M = "head -c 6291456 /dev/urandom > /mnt/data/blob && sha256sum /mnt/data/blob"
 
 
 def wait_until(predicate: Any, timeout_s: float, step_s: float = 0.1) -> bool:
@@ -65,6 +76,26 @@ def node_of(nodes: NodeStore, cid: str) -> str:
     node = nodes.node_of(cid)
     assert node is not None, cid
     return node.name
+
+
+def on_node(local_cluster: Any, i: int) -> tuple[set[str], set[str]]:
+    """(the containers, the stored snapshots) node ``i`` holds, asked of it directly."""
+
+    async def ask() -> tuple[set[str], set[str]]:
+        url = str(local_cluster.node(i).health_url).removesuffix("/healthz")
+        node = RemoteRuntime(url, load_cluster_key(local_cluster.key_file))
+        try:
+            return {s.id for s in await node.list()}, set(await node.snapshot_ids())
+        finally:
+            await node.aclose()
+
+    return asyncio.run(ask())
+
+
+def ok(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
 
 
 def test_containers_spread_and_any_replica_serves_any_container(
@@ -244,3 +275,106 @@ def test_a_skill_uploaded_through_one_replica_is_mounted_through_the_other(
         for c in made:
             via_a.containers.delete(c.id)
         via_b.skills.delete(skill.id)
+
+
+def test_snapshots_forks_and_pause_through_either_replica(local_cluster: Any, nodes: Any) -> None:
+    """A snapshot is stored on its container's node and every fork of it lands there (even
+    where placement alone would pick the emptier node); pause and resume, snapshot quota and
+    retention hold whichever replica answers: each reads what the other wrote to PostgreSQL."""
+    key = local_cluster.shellbox("keys", "create", "--project", "snapshots")
+    with (
+        client(local_cluster.replica_url(1), key) as a,
+        client(local_cluster.replica_url(2), key) as b,
+    ):
+        origin = ok(a.post("/v1/containers", json={"name": "origin"}))["id"]
+        home = node_of(nodes, origin)
+        digest = stdout(shell(b, origin, WRITE_6M))
+        snap = ok(b.post(f"/v1/containers/{origin}/snapshots", json={"name": "six"}))
+        assert 6 * MIB <= snap["bytes"] < SNAPSHOT_QUOTA_BYTES
+        assert node_of(nodes, snap["id"]) == home
+        assert snap["id"] in on_node(local_cluster, int(home[-1]))[1]
+        forks = [
+            ok(r.post("/v1/containers", json={"name": "fork", "snapshot_id": snap["id"]}))["id"]
+            for r in (a, b)
+        ]
+        assert [node_of(nodes, f) for f in forks] == [home, home]
+        for fork, via in zip(forks, (b, a), strict=True):
+            assert stdout(shell(via, fork, "sha256sum /mnt/data/blob")) == digest
+
+        paused = ok(a.post(f"/v1/containers/{forks[0]}/pause"))
+        assert paused["status"] == "paused"
+        assert ok(b.get(f"/v1/containers/{forks[0]}"))["status"] == "paused"
+        assert ok(b.post(f"/v1/containers/{forks[0]}/resume"))["status"] == "running"
+        assert ok(a.get(f"/v1/containers/{forks[0]}"))["status"] == "running"
+        ok(b.post(f"/v1/containers/{forks[1]}/pause"))
+        assert stdout(shell(a, forks[1], "echo thawed")) == "thawed\n"  # a call resumes
+        assert ok(b.get(f"/v1/containers/{forks[1]}"))["status"] == "running"
+
+        # The quota: what A stored counts on B.
+        refused = a.post(f"/v1/containers/{origin}/snapshots")
+        assert refused.status_code == 429, refused.text
+        assert "limits.max_snapshot_gb_per_project" in refused.json()["error"]["message"]
+        # Deleted through A: gone for B, and from its node; its bytes still count while the
+        # forks (which share them) live.
+        deleted = ok(a.delete(f"/v1/snapshots/{snap['id']}"))
+        assert (deleted["id"], deleted["deleted"]) == (snap["id"], True)
+        assert b.get(f"/v1/snapshots/{snap['id']}").status_code == 404
+        assert snap["id"] not in on_node(local_cluster, int(home[-1]))[1]
+        assert nodes.node_of(snap["id"]) is None
+        ok(a.delete(f"/v1/containers/{origin}"))
+        fresh = ok(b.post("/v1/containers", json={"name": "fresh"}))["id"]
+        stdout(shell(a, fresh, WRITE_6M))
+        held = b.post(f"/v1/containers/{fresh}/snapshots")
+        assert held.status_code == 429, held.text
+        assert "deleted snapshots that live forks still use" in held.json()["error"]["message"]
+        for fork, via in zip(forks, (a, b), strict=True):
+            ok(via.delete(f"/v1/containers/{fork}"))
+        again = ok(a.post(f"/v1/containers/{fresh}/snapshots"))
+        assert node_of(nodes, again["id"]) == node_of(nodes, fresh)
+        ok(b.delete(f"/v1/snapshots/{again['id']}"))
+        ok(b.delete(f"/v1/containers/{fresh}"))
+
+
+def test_a_container_deleted_while_its_node_is_lost_is_gone_once_the_node_is_back(
+    local_cluster: Any, nodes: Any
+) -> None:
+    """The delete succeeds at once (hidden, its memory no longer counted against its
+    project); the node's sandbox is destroyed once the node runs again. A snapshot stored
+    there likewise."""
+    key = local_cluster.shellbox("keys", "create", "--project", "lost-delete")
+    db = create_database(local_cluster.database_url)
+    rows = SqlContainerStore(db)
+    front = sdk(local_cluster.root_url, key)
+    made = [front.containers.create(name=f"d{i}") for i in range(2)]
+    doomed = next(c for c in made if node_of(nodes, c.id) == "node1")
+    kept = next(c for c in made if node_of(nodes, c.id) == "node2")
+    assert doomed.id in on_node(local_cluster, 1)[0]
+    with client(local_cluster.root_url, key) as http:
+        snap = ok(http.post(f"/v1/containers/{doomed.id}/snapshots"))["id"]
+    assert snap in on_node(local_cluster, 1)[1]
+    local_cluster.node(1).kill()
+    try:
+        with client(local_cluster.root_url, key) as http:
+
+            def lost() -> bool:
+                return "'node1', which is unavailable" in shell(http, doomed.id, "true").text
+
+            assert wait_until(lost, NODE_TIMEOUT_S + 5)
+            r = http.delete(f"/v1/containers/{doomed.id}")
+            assert r.status_code == 200, r.text
+            assert r.json()["deleted"] is True
+            assert ok(http.delete(f"/v1/snapshots/{snap}"))["deleted"] is True
+            for _ in range(2):  # both replicas
+                assert http.get(f"/v1/snapshots/{snap}").status_code == 404
+                assert http.get(f"/v1/containers/{doomed.id}").status_code == 404
+                assert doomed.id not in {c.id for c in front.containers.list()}
+            assert rows.usage("lost-delete").containers == 1  # only the kept one counts
+            assert stdout(shell(http, kept.id, "echo on")) == "on\n"
+    finally:
+        local_cluster.node(1).start()
+        db.dispose()
+    assert wait_until(lambda: nodes.node_of(doomed.id) is None, 20)
+    assert wait_until(lambda: nodes.node_of(snap) is None, 5)
+    held, stored = on_node(local_cluster, 1)
+    assert doomed.id not in held and snap not in stored
+    front.containers.delete(kept.id)

@@ -15,6 +15,7 @@ import pytest
 from sandbox_helpers import IMAGE_DIR, make_state_dir, remove_state_dir
 
 from node_helpers import NodeProcess
+from process_helpers import destroy_all_sandboxes
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, OciRuntime, create_runtime
 from shellbox.settings import Settings
@@ -43,11 +44,9 @@ def node(oci: OciRuntime) -> Iterator[NodeProcess]:
     state = make_state_dir(f"shellbox-node-{oci.binary}-")
     proc = NodeProcess(state, env={"SHELLBOX_RUNTIME__TYPE": oci.binary}).start()
     yield proc
-    try:
-        proc.destroy_all()
-    finally:
-        proc.stop()
-        remove_state_dir(state)
+    proc.stop()
+    destroy_all_sandboxes(state)  # a test may have killed it: through a runtime of this process
+    remove_state_dir(state)
 
 
 @pytest.fixture

@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime, hostns
+from process_helpers import make_state_dir as make_state_dir
+from process_helpers import remove_state_dir as remove_state_dir
+from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IMAGE_DIR = REPO / ".state" / "images"
 # How much slower than this host the tests run: scripts/test-v2.sh sets it for its emulated
 # guest (10-15x slower), where a fork bomb needs more than 3 s to reach a pids limit.
 TIME_SCALE = float(os.environ.get("SHELLBOX_TEST_TIME_SCALE", "1"))
-
-
-def remove_state_dir(path: Path) -> None:
-    """The state directory and the runtime's volatile directory for it in /run."""
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    hostns.detach(str(path / "disks"))  # its loop device goes with this process's last mount
-    shutil.rmtree(path, ignore_errors=True)
-    shutil.rmtree(Path("/run/shellbox") / key, ignore_errors=True)
-
-
-def make_state_dir(prefix: str = "shellbox-test-") -> Path:
-    """A state directory the containers' root uid can traverse (not pytest's 0700 tmp)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
-    path.chmod(0o711)
-    return path
 
 
 async def run1(

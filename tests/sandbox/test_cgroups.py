@@ -8,16 +8,19 @@ was booted for, so the v2 lane can never pass by running on something else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from sandbox_helpers import run1
 
-from shellbox.sandbox import ExecRequest, OciRuntime
-from shellbox.sandbox.cgroups import PARENT, CgroupMode, detect_mode
+from shellbox.ids import new_id
+from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime
+from shellbox.sandbox.cgroups import CgroupMode, detect_mode
 
 
 def _mounted_layout() -> CgroupMode:
@@ -200,26 +203,90 @@ async def test_memory_usage_is_read_from_the_container_cgroup(
     assert after - before >= 60 << 20  # tmpfs pages are charged to the container
 
 
-def test_removal_kills_what_is_left_in_a_containers_cgroups(runtime: OciRuntime) -> None:
+@pytest.mark.parametrize("frozen", [False, True], ids=["running", "frozen"])
+def test_removal_kills_what_is_left_in_a_containers_cgroups(
+    runtime: OciRuntime, frozen: bool
+) -> None:
     """A process that outlived the runtime's kill (a terminal's shell in a sub-cgroup, slow to
     die on a loaded machine; or one that escaped it) must not make removing a container fail
-    with EBUSY: removal kills what is left and then removes the tree."""
+    with EBUSY: removal kills what is left and then removes the tree. Frozen too: an agent
+    killed between freezing a command's cgroup and thawing it leaves it frozen, and a frozen
+    process ignores SIGKILL until it is thawed."""
     cgroups = runtime.cgroups
-    cid = f"cntr_stray{os.getpid()}"
+    cid = f"cntr_stray{os.getpid()}{'f' if frozen else 'r'}"
     cgroups.prepare(cid, os.getuid())
-    tops = (
-        [cgroups.root / PARENT / cid]
-        if cgroups.mode is CgroupMode.v2
-        else [h / PARENT / cid for h in cgroups._v1_hierarchies()]
-    )
+    v2 = cgroups.mode is CgroupMode.v2
+    tops = cgroups._tops(cid)
+    freezer = cgroups.container_dir(cid, "freezer")
     stray = subprocess.Popen(["sleep", "300"])
     try:
         for top in (t for t in tops if t.is_dir()):
             (top / "stray").mkdir(exist_ok=True)
             (top / "stray" / "cgroup.procs").write_text(str(stray.pid))
-        cgroups.remove(cid)
+        if frozen:
+            _freeze(freezer / "stray", v2)
+        try:
+            cgroups.remove(cid, timeout_s=5)
+        except OSError as exc:
+            pytest.fail(f"removing the cgroups of a container with a {frozen=} leftover: {exc!r}")
         assert stray.wait(timeout=5) == -signal.SIGKILL
         assert not any(top.exists() for top in tops)
     finally:
+        # Whatever happened: thaw the stray (a frozen one outlives SIGKILL, and waiting for
+        # it would hang), end it, and leave no cgroup behind.
+        _thaw_all(freezer, v2)
         stray.kill()
-        stray.wait()
+        stray.wait(timeout=10)
+        for top in tops:
+            for dirpath, _, _ in os.walk(top, topdown=False):
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)
+
+
+def _freeze(group: Path, v2: bool) -> None:
+    """Freeze one cgroup from the host, and wait until the kernel says it is frozen."""
+    (group / _FREEZE_CONTROL[v2]).write_text("1" if v2 else "FROZEN")
+    deadline = time.monotonic() + 5
+    while True:
+        if v2 and "frozen 1" in (group / "cgroup.events").read_text():
+            return
+        if not v2 and (group / "freezer.state").read_text().strip() == "FROZEN":
+            return
+        assert time.monotonic() < deadline, f"{group} did not freeze"
+        time.sleep(0.01)
+
+
+def _thaw_all(top: Path, v2: bool) -> None:
+    """Thaw every cgroup under ``top``: a test's clean-up, whatever it left frozen."""
+    for state in top.rglob(_FREEZE_CONTROL[v2]) if top.is_dir() else []:
+        with contextlib.suppress(OSError):
+            state.write_text("0" if v2 else "THAWED")
+
+
+_FREEZE_CONTROL = {True: "cgroup.freeze", False: "freezer.state"}
+
+
+async def test_a_container_whose_command_cgroup_was_left_frozen_is_destroyed(
+    runtime: OciRuntime,
+) -> None:
+    """The agent freezes a command's cgroup to kill it; killed itself before the thaw, it
+    leaves that cgroup frozen, and its processes outlive every SIGKILL. Destroying the
+    container still ends them and removes its cgroups."""
+    cid = new_id("cntr_")
+    await runtime.create(ContainerSpec(id=cid))
+    await runtime.start(cid)
+    v2 = runtime.cgroups.mode is CgroupMode.v2
+    top = runtime.cgroups.container_dir(cid, "freezer")
+    try:
+        r = await run1(runtime, cid, "cat /proc/self/cgroup; (sleep 300 &)")
+        group = top / _command_cgroup(r.stdout).lstrip("/")
+        assert group != top and group.is_dir(), r
+        _freeze(group, v2)
+        try:
+            await asyncio.wait_for(runtime.destroy(cid), 30)
+        except OSError as exc:
+            pytest.fail(f"destroying a container with a frozen command cgroup: {exc!r}")
+        assert not top.exists()
+    finally:
+        _thaw_all(top, v2)
+        await runtime.destroy(cid)

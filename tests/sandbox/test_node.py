@@ -19,6 +19,7 @@ import pytest
 from sandbox_helpers import host_pids, make_state_dir, remove_state_dir, wait_gone
 
 from node_helpers import NodeProcess, free_port, write_key_file
+from process_helpers import destroy_all_sandboxes
 from shellbox.errors import (
     ContainerNotFound,
     FileNotFound,
@@ -38,12 +39,9 @@ def own_node() -> Iterator[NodeProcess]:
     state = make_state_dir("shellbox-node-own-")
     node = NodeProcess(state).start()
     yield node
-    try:
-        if node.proc is not None and node.proc.poll() is None:
-            node.destroy_all()
-    finally:
-        node.stop()
-        remove_state_dir(state)
+    node.stop()
+    destroy_all_sandboxes(state)  # the node may be dead: through a runtime of this process
+    remove_state_dir(state)
 
 
 def test_only_the_cluster_key_reaches_the_runtime(node: NodeProcess) -> None:

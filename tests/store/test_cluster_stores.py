@@ -89,6 +89,26 @@ def test_a_lost_or_stopped_node_gets_nothing(stores: Stores) -> None:
     assert isinstance(n.place("c9", "container", GIB, timeout_ms=1000, on="a"), Refused)
 
 
+def test_a_doomed_placement_keeps_its_memory_until_it_is_removed(stores: Stores) -> None:
+    """Deleted while its node was away: listed as doomed for that node (for the replicas to
+    remove once it is back), no longer as placed, and its memory still taken there."""
+    n = stores.nodes
+    n.register("a", "http://a", 2 * GIB, INFO)
+    wait = 60_000
+    assert n.place("c1", "container", 2 * GIB, timeout_ms=wait).name == "a"  # type: ignore[union-attr]
+    assert n.place("s1", "snapshot", 0, timeout_ms=wait).name == "a"  # type: ignore[union-attr]
+    n.doom("c1")
+    n.doom("s1")
+    n.doom("never-placed")  # nothing to mark
+    assert n.doomed("a") == [("c1", "container"), ("s1", "snapshot")]
+    assert n.placed("a", "container") == [] and n.placed("a", "snapshot") == []
+    assert n.node_of("c1").name == "a"  # type: ignore[union-attr]
+    assert isinstance(n.place("c2", "container", GIB, timeout_ms=wait), Refused)
+    n.unplace("c1")
+    assert n.doomed("a") == [("s1", "snapshot")]
+    assert n.place("c2", "container", GIB, timeout_ms=wait).name == "a"  # type: ignore[union-attr]
+
+
 def test_replicas_placing_at_once_never_overfill_a_node(stores: Stores) -> None:
     stores.nodes.register("a", "http://a", 3 * GIB, INFO)
     results = at_once(8, lambda i: stores.nodes.place(f"c{i}", "container", GIB, timeout_ms=60_000))

@@ -462,17 +462,21 @@ def _freeze_and_kill(
     group: str, control: str, values: tuple[str, str], frozen: Callable[[str], bool]
 ) -> None:
     """Kill every process in ``group``. A frozen process cannot fork, and ignores SIGKILL
-    until thawed: freeze, kill, thaw, until the group is empty."""
+    until thawed: freeze, kill, thaw, until the group is empty. The thaw happens whatever
+    fails in between: a group left frozen would hold its processes past every later kill
+    (the host's removal of the container thaws too, for an agent killed in between)."""
     freeze, thaw = values
     for _ in range(5):
         write_file(f"{group}/{control}", freeze)
-        deadline = time.monotonic() + 1.0
-        while not frozen(group) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        pids = [int(p) for p in read_file(group + "/cgroup.procs").split()]
-        for pid in pids:
-            _kill_quietly(pid)
-        write_file(f"{group}/{control}", thaw)
+        try:
+            deadline = time.monotonic() + 1.0
+            while not frozen(group) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            pids = [int(p) for p in read_file(group + "/cgroup.procs").split()]
+            for pid in pids:
+                _kill_quietly(pid)
+        finally:
+            write_file(f"{group}/{control}", thaw)
         if not pids:
             return
         deadline = time.monotonic() + 0.2
@@ -865,7 +869,47 @@ class Job:
             cmd.kill()
 
 
-class Connection:
+class Outbox:
+    """Bytes queued for the host on one connection (a command's or a terminal's), written
+    without blocking once per loop iteration (``Agent.dirty``), and what follows a write: the
+    host gone, a closing connection drained, or room left to follow with epoll."""
+
+    fd: int
+    outbuf: bytearray
+    closed: bool
+    closing: bool  # close once everything queued is written
+
+    def flush(self) -> None:
+        while self.outbuf and not self.closed:
+            try:
+                n = posix.write(self.fd, self.outbuf)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.host_lost()
+                return
+            del self.outbuf[:n]
+        if self.closed:
+            return
+        if not self.outbuf and self.closing:
+            self.drained()
+            return
+        self.flushed()
+
+    def host_lost(self) -> None:
+        """A write failed: the host is gone."""
+        raise NotImplementedError
+
+    def drained(self) -> None:
+        """Everything queued is written and the connection is closing: close it."""
+        raise NotImplementedError
+
+    def flushed(self) -> None:
+        """Written what could be; the rest waits for room (the epoll interest follows)."""
+        raise NotImplementedError
+
+
+class Connection(Outbox):
     """One host connection. Its epoll interest follows what it waits for: the header, the
     bytes of the command about to start, room to write; while a command runs it reads
     nothing (the host's further commands wait in the socket) and only a hang-up wakes it."""
@@ -1026,21 +1070,13 @@ class Connection:
         self.outbuf += json_dumps(msg) + b"\n"
         self.agent.dirty.add(self)
 
-    def flush(self) -> None:
-        while self.outbuf and not self.closed:
-            try:
-                n = posix.write(self.fd, self.outbuf)
-            except BlockingIOError:
-                break
-            except OSError:
-                self.close()
-                return
-            del self.outbuf[:n]
-        if self.closed:
-            return
-        if not self.outbuf and self.closing:
-            self.close()
-            return
+    def host_lost(self) -> None:
+        self.close()
+
+    def drained(self) -> None:
+        self.close()
+
+    def flushed(self) -> None:
         job = self.job
         if job is not None and job.waiting and len(self.outbuf) <= P.OUTBUF_PAUSE_BYTES:
             job.start_next()  # it waited for the host to read (or for bytes: a no-op then)
@@ -1075,7 +1111,7 @@ def _winsize(cols: int, rows: int) -> bytes:
     return b"".join(n.to_bytes(2, order) for n in (rows, cols, 0, 0))
 
 
-class Pty:
+class Pty(Outbox):
     """One terminal: the sandbox user's shell on a pseudo-terminal, in a command cgroup of its
     own (the commands' pids and memory limits hold it; a container's end kills it), framed
     over the host connection it came on (see ``protocol``).
@@ -1214,21 +1250,13 @@ class Pty:
                 return
         self.write_pending()
 
-    def flush(self) -> None:
-        while self.outbuf and not self.closed:
-            try:
-                n = posix.write(self.fd, self.outbuf)
-            except BlockingIOError:
-                break
-            except OSError:
-                self.abandon()
-                return
-            del self.outbuf[:n]
-        if self.closed:
-            return
-        if not self.outbuf and self.closing:
-            self.close_conn()
-            return
+    def host_lost(self) -> None:
+        self.abandon()
+
+    def drained(self) -> None:
+        self.close_conn()
+
+    def flushed(self) -> None:
         self.update()
 
     # -- the terminal -----------------------------------------------------------------------
@@ -1440,7 +1468,7 @@ class Agent:
         self.ptys: set[Pty] = set()  # open terminals (at most P.MAX_PTYS)
         self.spare: Spare | None = None
         self.spares: dict[int, Spare] = {}  # pid -> spare not yet handed a command
-        self.dirty: set[Connection | Pty] = set()  # connections with output queued
+        self.dirty: set[Outbox] = set()  # connections with output queued
         self.jobs: set[Job] = set()  # calls under way (at most P.MAX_CONCURRENT_CALLS)
         self.last_move = time.monotonic()  # of a cgroup move: crun's, at our start
         posix.setgroups([])  # commands inherit them through posix_spawn

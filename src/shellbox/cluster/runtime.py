@@ -6,7 +6,10 @@ written to the database before the sandbox is made, so every replica routes ever
 for it to that node (a container never moves). A fork goes to the node of its snapshot.
 
 A container whose node is lost or stopped answers ``NodeUnavailable`` (503) at once, without
-trying the node: it stays listed, and works again with its files when the node is back.
+trying the node: it stays listed, and works again with its files when the node is back. One
+deleted meanwhile is not kept waiting for it: its placement is marked doomed and the delete
+succeeds; the reaper lease holder removes it from its node once the node is back
+(``destroy_doomed``). Snapshots likewise.
 """
 
 from __future__ import annotations
@@ -143,12 +146,14 @@ class ClusterRuntime:
 
     async def _undo(self, client: Runtime, item_id: str, kind: PlacementKind) -> None:
         """After a failed create or fork: remove what the node may have made, then the
-        placement (best effort: the creation's own error is what the caller sees)."""
+        placement (best effort: the creation's own error is what the caller sees). A node
+        lost meanwhile has it removed once it is back (``destroy_doomed``)."""
         try:
-            if kind == "container":
-                await client.destroy(item_id)
-            else:
-                await client.delete_snapshot(item_id)
+            await _remove_on(client, item_id, kind)
+        except NodeUnavailable:
+            self.nodes.doom(item_id)
+            log.warning("undoing %s %s: its node is unavailable; removed once back", kind, item_id)
+            return
         except (ShellboxError, OSError):
             log.exception("undoing %s %s on its node failed", kind, item_id)
         self.nodes.unplace(item_id)
@@ -212,11 +217,7 @@ class ClusterRuntime:
             raise
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        found = self._holder(snapshot_id, "snapshot")
-        if found is None:
-            return  # idempotent
-        await found[1].delete_snapshot(snapshot_id)
-        self.nodes.unplace(snapshot_id)
+        await self._remove(snapshot_id, "snapshot")
 
     async def snapshot_ids(self) -> list[str]:
         nodes = self.nodes.all()
@@ -226,11 +227,41 @@ class ClusterRuntime:
         await self._route(container_id).stop(container_id)
 
     async def destroy(self, container_id: str) -> None:
-        found = self._holder(container_id)
-        if found is None:
-            return  # idempotent
-        await found[1].destroy(container_id)
-        self.nodes.unplace(container_id)
+        await self._remove(container_id, "container")
+
+    async def _remove(self, item_id: str, kind: PlacementKind) -> None:
+        """Destroy a container or delete a snapshot on its node; on an unavailable node, mark
+        it doomed instead (``destroy_doomed`` removes it once the node is back): the caller
+        has ended it, and its node's absence must not keep it alive for the API."""
+        try:
+            found = self._holder(item_id, kind)
+            if found is None:
+                return  # idempotent
+            await _remove_on(found[1], item_id, kind)
+        except NodeUnavailable as exc:  # lost before, or found lost by this very call
+            self.nodes.doom(item_id)
+            log.warning("%s %s is removed from its node once it is back: %s", kind, item_id, exc)
+            return
+        self.nodes.unplace(item_id)
+
+    async def destroy_doomed(self) -> int:
+        """Remove from every available node what was deleted while it was unavailable (the
+        reaper lease holder's housekeeping); returns how many were removed. One that fails
+        stays doomed for the next round."""
+        removed = 0
+        for node in self.nodes.all():
+            if not node.available(self.timeout_ms):
+                continue
+            for item_id, kind in self.nodes.doomed(node.name):
+                try:
+                    await _remove_on(self._client(node), item_id, kind)
+                except (ShellboxError, OSError) as exc:
+                    log.warning("removing doomed %s %s from %s: %s", kind, item_id, node.name, exc)
+                    continue
+                self.nodes.unplace(item_id)
+                log.info("doomed %s %s removed from node %s", kind, item_id, node.name)
+                removed += 1
+        return removed
 
     async def state(self, container_id: str) -> SandboxState:
         return await self._route(container_id).state(container_id)
@@ -413,6 +444,13 @@ class ClusterRuntime:
 
     async def sweep_uploads(self, container_id: str) -> int:
         return await self._route(container_id).sweep_uploads(container_id)
+
+
+async def _remove_on(client: Runtime, item_id: str, kind: PlacementKind) -> None:
+    if kind == "container":
+        await client.destroy(item_id)
+    else:
+        await client.delete_snapshot(item_id)
 
 
 def _write_all(path: Path, chunks: Iterable[bytes]) -> None:

@@ -43,6 +43,8 @@ V2_DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads"
 PARENT_CPU_SHARES, CONTAINER_CPU_SHARES = 512, 1024
 PARENT_CPU_WEIGHT, CONTAINER_CPU_WEIGHT = 50, 100
 PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT = 50, 100
+# How often ``remove`` kills again what is left while the cgroups stay busy, in seconds.
+KILL_REPEAT_S = 0.5
 
 
 class CgroupMode(StrEnum):
@@ -173,16 +175,18 @@ class HostCgroups:
         """Remove the container's cgroups, sub-cgroups first. Waits for dying processes,
         and kills any still there (a runtime's kill reaches the container's own cgroup; on a
         loaded machine the processes of its sub-cgroups, terminals and commands, can take
-        seconds to go, and one that escaped the kill must not make the removal fail)."""
-        if self.mode is CgroupMode.v2:
-            tops = [self.root / PARENT / container_id]
-        else:
-            tops = [h / PARENT / container_id for h in self._v1_hierarchies()]
+        seconds to go, and one that escaped the kill must not make the removal fail).
+
+        A frozen process ignores SIGKILL until it is thawed, and one can be left frozen: a
+        paused container, or a command's cgroup the agent froze to kill it and was killed
+        itself before thawing. So the kill thaws every cgroup of the tree after signalling
+        (``_kill_everything``)."""
+        tops = self._tops(container_id)
         deadline = time.monotonic() + timeout_s
+        next_kill = 0.0  # again now and then: a process may have forked between two kills
         for top in tops:
             if not top.is_dir():
                 continue
-            killed = False
             while True:
                 try:
                     _rmdir_tree(top)
@@ -190,10 +194,62 @@ class HostCgroups:
                 except OSError as exc:
                     if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                         raise
-                    if not killed:
-                        _kill_tree(top)
-                        killed = True
+                    if time.monotonic() >= next_kill:
+                        self._kill_everything(tops)
+                        next_kill = time.monotonic() + KILL_REPEAT_S
                     time.sleep(0.01)
+
+    def remove_if_empty(self, container_id: str) -> bool:
+        """Remove the container's cgroups if no process is left in them, killing nothing:
+        the removal of a dead container's leftovers. False (and some kept) when a process
+        is still there."""
+        tops = [top for top in self._tops(container_id) if top.is_dir()]
+        # Looked at in every hierarchy first: a process can sit in one and not another, and
+        # a hierarchy's cgroup removed before the busy one is found would be gone for good.
+        if any(_holds_processes(top) for top in tops):
+            return False
+        for top in tops:
+            try:
+                _rmdir_tree(top)
+            except FileNotFoundError:
+                pass  # removed meanwhile
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                return False
+        return True
+
+    def _tops(self, container_id: str) -> list[Path]:
+        """The container's cgroup in every hierarchy (v1), or its one cgroup (v2)."""
+        if self.mode is CgroupMode.v2:
+            return [self.root / PARENT / container_id]
+        return [h / PARENT / container_id for h in self._v1_hierarchies()]
+
+    def _kill_everything(self, tops: list[Path]) -> None:
+        """SIGKILL every process in the container's cgroups, then thaw them all so the kill
+        lands. On v1 the tree is frozen first (nothing forks past the list; frozen and
+        thawed together, a kill and a fork cannot race), and all hierarchies are signalled,
+        not only the freezer's: a process can be in a sub-cgroup of one and not another."""
+        if self.mode is CgroupMode.v2:
+            _kill_tree(tops[0])
+            # Fatal signals end v2-frozen processes (``cgroup.kill`` included); thawing as
+            # well costs nothing and does not depend on that.
+            _thaw_tree(tops[0], "cgroup.freeze", "0")
+            return
+        freezer = self.root / "freezer" / PARENT / tops[0].name
+        with contextlib.suppress(FileNotFoundError):
+            (freezer / "freezer.state").write_text("FROZEN")
+            deadline = time.monotonic() + 1.0  # a process in the kernel can delay it
+            while "FROZEN" not in (freezer / "freezer.state").read_text():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+        try:
+            for top in tops:
+                if top.is_dir():
+                    _kill_tree(top)
+        finally:
+            _thaw_tree(freezer, "freezer.state", "THAWED")
 
     def memory_usage(self, container_id: str) -> int | None:
         """Bytes charged to the container's memory cgroup, or None without one."""
@@ -284,6 +340,23 @@ def _kill_tree(path: Path) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
+
+
+def _thaw_tree(path: Path, control: str, thawed: str) -> None:
+    """Thaw every cgroup of a tree: a frozen descendant stays frozen when only its parent is
+    thawed (v1 ``freezer.state``, v2 ``cgroup.freeze`` alike), so each one is written."""
+    for state in path.rglob(control):  # the top's own file too
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            state.write_text(thawed)
+
+
+def _holds_processes(path: Path) -> bool:
+    """Whether any cgroup of a tree holds a process."""
+    for procs in path.rglob("cgroup.procs"):
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if procs.read_text().strip():
+                return True
+    return False
 
 
 def _rmdir_tree(path: Path) -> None:

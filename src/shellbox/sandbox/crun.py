@@ -140,12 +140,18 @@ FALLBACK_SCRIPT = (
 OWNER_FILE = "owner"  # the state directory a /run/shellbox/<key> directory belongs to
 
 
-def sweep_stale_run_dirs(base: Path, *, keep: Path | None = None) -> list[Path]:
+def sweep_stale_run_dirs(
+    base: Path, cgroups: HostCgroups, *, keep: Path | None = None
+) -> list[Path]:
     """Remove ``/run/shellbox/<key>`` directories left by state directories that are gone.
 
     Such a directory is only volatile state (OCI runtime state, agent socket directories), but
     every test run or throwaway state directory would otherwise leave one behind. One whose
-    OCI runtime still records a container is kept whatever its owner says.
+    OCI runtime still records containers goes too when its owner is recorded and gone, with
+    those containers' cgroups, if no process is left in them: no server can serve them
+    again (a server killed and its state directory removed). Cgroups are shared by every
+    state directory on the host, and these are provably this directory's: named by its OCI
+    state. One with a process left, or with no owner recorded, is kept.
     """
     removed: list[Path] = []
     if not base.is_dir():
@@ -155,20 +161,51 @@ def sweep_stale_run_dirs(base: Path, *, keep: Path | None = None) -> list[Path]:
         # host-wide slot claims of every server, must never go).
         if run_dir == keep or not run_dir.is_dir() or not RUN_KEY.fullmatch(run_dir.name):
             continue
-        owner = run_dir / OWNER_FILE
-        try:
-            if Path(owner.read_text().strip()).is_dir():
-                continue
-        except OSError:
-            pass  # no owner recorded: decided by the OCI state alone
-        if any(
-            (run_dir / oci_binary).is_dir() and any((run_dir / oci_binary).iterdir())
-            for oci_binary in ("crun", "runc")
-        ):
-            continue
-        shutil.rmtree(run_dir, ignore_errors=True)
-        removed.append(run_dir)
+        if remove_stale_run_dir(run_dir, cgroups):
+            removed.append(run_dir)
     return removed
+
+
+def remove_stale_run_dir(run_dir: Path, cgroups: HostCgroups) -> bool:
+    """Remove one ``/run/shellbox/<key>`` directory if its state directory is gone (see
+    ``sweep_stale_run_dirs``), with its dead containers' cgroups; False if it is kept."""
+    owner = run_dir / OWNER_FILE
+    try:
+        if Path(owner.read_text().strip()).is_dir():
+            return False
+        owned = True
+    except OSError:
+        owned = False  # no owner recorded: decided by the OCI state alone
+    recorded = {
+        p.name
+        for oci_binary in ("crun", "runc")
+        if (run_dir / oci_binary).is_dir()
+        for p in (run_dir / oci_binary).iterdir()
+    }
+    if recorded and not (owned and _remove_dead_cgroups(cgroups, recorded, run_dir)):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
+
+
+def _remove_dead_cgroups(cgroups: HostCgroups, ids: set[str], run_dir: Path) -> bool:
+    """Remove the cgroups of containers whose state directory is gone; False if any holds a
+    process still (kept, and said: something of a removed state directory runs on)."""
+    alive = []
+    for cid in sorted(ids):
+        try:
+            if not cgroups.remove_if_empty(cid):
+                alive.append(cid)
+        except OSError as exc:
+            log.warning("removing the cgroups of %s (of %s) failed: %s", cid, run_dir, exc)
+            alive.append(cid)
+    if alive:
+        log.warning(
+            "%s belongs to a state directory that is gone, but processes of %s still run; kept",
+            run_dir,
+            ", ".join(alive),
+        )
+    return not alive
 
 
 class OciRuntime:
@@ -209,7 +246,7 @@ class OciRuntime:
         self.seccomp = oci.load_seccomp() if seccomp else None
         self.run_base = run_base_for(self.state_dir)
         self.oci_root = self.run_base / binary
-        sweep_stale_run_dirs(RUN_BASE, keep=self.run_base)
+        sweep_stale_run_dirs(RUN_BASE, self.cgroups, keep=self.run_base)
         self.containers_dir = self.state_dir / "containers"
         self.cache_dir = self.state_dir / "cache"
         self.containers_dir.mkdir(parents=True, exist_ok=True)

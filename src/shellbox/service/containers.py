@@ -42,6 +42,7 @@ from shellbox.store.records import LIVE as LIVE  # (re-exported: workspace, resp
 
 log = logging.getLogger("shellbox.containers")
 DEFAULT_MEMORY: MemoryLimit = "1g"
+FORGET_BATCH = 500  # container ids per query of ``forget_ended``
 
 
 class Lease(Protocol):
@@ -67,9 +68,6 @@ class ContainerService:
         self.features: list[ContainerFeature] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._busy: dict[str, int] = {}
-        # Containers kept awake by something open on them (terminals): the reaper neither
-        # sleeps nor expires them, but a pause may (and ends what holds them).
-        self._held: dict[str, int] = {}
         # Live containers this server has used, by id: one shared record per container, so
         # that a call, the reaper and a delete in this process see each other's changes. Every
         # call still reads the container's row (another server on the same database may have
@@ -81,6 +79,7 @@ class ContainerService:
         # project -> memory limits of creations not yet in the database (once their row is
         # in, the database counts them: counting them here too refused creates below the cap)
         self._creating: dict[str, list[str]] = {}
+        self._making: set[str] = set()  # ids of creations under way (no row yet, perhaps)
         self._reaper: asyncio.Task[None] | None = None
         # API replicas (``cluster.role = "api"``): the reaper's shared work (sleep, expiry,
         # features' housekeeping) runs only while this lease is held, so once across replicas;
@@ -218,6 +217,7 @@ class ContainerService:
         ):
             pooled = await pool.take()
         cid = pooled.id if pooled is not None else new_id("cntr_")
+        self._making.add(cid)
         try:
             for feature in self.features:
                 await feature.provision(principal, req, cid, prov)
@@ -287,6 +287,8 @@ class ContainerService:
         except BaseException:
             await self._discard(cid, prov)
             raise
+        finally:
+            self._making.discard(cid)
         self._live[cid] = dataclasses.replace(record)
         return record
 
@@ -461,23 +463,6 @@ class ContainerService:
                 del self._busy[cid]
             self._note_activity(record)
 
-    @contextlib.asynccontextmanager
-    async def held(self, principal: Principal, cid: str) -> AsyncIterator[ContainerRecord]:
-        """Keep a container awake while something interactive is open on it (a terminal):
-        woken first, as any call wakes it, then counted as active until the block ends; a
-        pause, or the container's end, is not held back (the features' ``sleeping`` and
-        ``release`` end what is open)."""
-        async with self.activity(principal, cid) as record:
-            pass
-        self._held[cid] = self._held.get(cid, 0) + 1
-        try:
-            yield record
-        finally:
-            self._held[cid] -= 1
-            if not self._held[cid]:
-                del self._held[cid]
-            self._note_activity(record)
-
     @staticmethod
     def _gone(record: ContainerRecord) -> ContainerNotRunning:
         msg = f"container {record.id} has {record.status}; create a new one"
@@ -503,7 +488,8 @@ class ContainerService:
             self._dirty.add(record.id)
 
     def touch(self, cid: str) -> None:
-        """Renew last_active_at (file operations: uploads, downloads, deletes)."""
+        """Renew last_active_at (file operations: uploads, downloads, deletes; a terminal's
+        keystrokes and output)."""
         live = self._live.get(cid)
         if live is not None:
             self._note_activity(live)
@@ -576,11 +562,8 @@ class ContainerService:
     # -- background -------------------------------------------------------------------------
 
     async def reap_once(self) -> None:
-        for cid in self._held:  # open terminals are activity
-            live = self._live.get(cid)
-            if live is not None:
-                self._note_activity(live)
         self.flush_activity()
+        self.forget_ended()
         for step in self.each_round:
             try:
                 await step()
@@ -596,17 +579,13 @@ class ContainerService:
             idle = now - seen
             expire = idle >= record.expires_after_minutes * lc.minute_s
             sleep = record.status == "running" and idle >= lc.idle_sleep_s
-            if record.id in self._busy or record.id in self._held or not (expire or sleep):
+            if record.id in self._busy or not (expire or sleep):
                 continue
             try:
                 async with self._lock(record.id):
                     # Checked again under the lock: a call may have started meanwhile (calls
                     # that start from now on wait for the lock, then see the new status).
-                    if (
-                        record.id in self._busy
-                        or record.id in self._held
-                        or self._fresh(record).last_active_at > seen
-                    ):
+                    if record.id in self._busy or self._fresh(record).last_active_at > seen:
                         continue
                     if expire:
                         await self._end(record, "expired", idle_since=seen)
@@ -621,6 +600,35 @@ class ContainerService:
                 await feature.housekeep()
             except Exception:
                 log.exception("housekeeping of %s failed", type(feature).__qualname__)
+
+    def remembered(self) -> set[str]:
+        """The containers this process keeps something of in memory (here or in a feature)."""
+        kept = set(self._live) | set(self._locks)
+        for feature in self.features:
+            kept |= feature.remembered()
+        return kept
+
+    def forget_ended(self) -> int:
+        """Drop what this process keeps in memory of containers that have ended: here, that
+        is done as they end (``_end``, the features' ``release``), but API replicas (or
+        servers) sharing a database end containers that the others used too, and nothing
+        would tell those. One query a reaper round, for what is kept; returns how many were
+        forgotten. Containers in use here are kept whatever their row says."""
+        kept = self.remembered() - set(self._busy) - self._making
+        kept -= {cid for cid, lock in self._locks.items() if lock.locked()}
+        ordered = sorted(kept)
+        live: set[str] = set()
+        for at in range(0, len(ordered), FORGET_BATCH):
+            rows = self.store.by_ids(ordered[at : at + FORGET_BATCH])
+            live |= {r.id for r in rows if r.status in LIVE}
+        ended = kept - live
+        for cid in ended:
+            self._live.pop(cid, None)
+            self._locks.pop(cid, None)
+            self._dirty.discard(cid)
+            for feature in self.features:
+                feature.forget(cid)
+        return len(ended)
 
     async def _sleep(self, record: ContainerRecord, *, idle_since: int) -> None:
         """Idle: freeze its processes (they keep their memory and answer after the next

@@ -362,10 +362,16 @@ class FileService(ContainerFeature):
 
     async def release(self, record: ContainerRecord) -> None:
         """A container ended (expired or deleted): its files are gone, and so is their index."""
-        self._known.pop(record.id, None)
-        self._changed_at.pop(record.id, None)
-        self._scan_locks.pop(record.id, None)
+        self.forget(record.id)
         self.index_store.delete_container(record.id)
+
+    def remembered(self) -> set[str]:
+        return set(self._known) | set(self._changed_at) | set(self._scan_locks)
+
+    def forget(self, cid: str) -> None:
+        self._known.pop(cid, None)
+        self._changed_at.pop(cid, None)
+        self._scan_locks.pop(cid, None)
 
     async def list_container_files(
         self, principal: Principal, cid: str, *, after: str | None, limit: int, order: str

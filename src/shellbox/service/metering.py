@@ -71,6 +71,12 @@ class MeteringService(ContainerFeature):
     async def release(self, record: ContainerRecord) -> None:
         self._fresh.discard(record.id)  # ended (or its creation failed): nothing to bill
 
+    def remembered(self) -> set[str]:
+        return set(self._fresh)
+
+    def forget(self, cid: str) -> None:
+        self._fresh.discard(cid)
+
     # -- billing ----------------------------------------------------------------------------
 
     def usage_of(

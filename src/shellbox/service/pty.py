@@ -1,11 +1,16 @@
 """Terminals in containers: open one (waking its container), keep the container awake while
-it is open, and end them all when it sleeps, pauses, expires or is deleted."""
+it is in use, and end them all when it sleeps, pauses, expires or is deleted.
+
+A terminal is in use while bytes cross it: keystrokes (or a resize) from the client, output
+from the terminal. Each renews the container's activity, as a call does, so a terminal left
+open and forgotten (no input, nothing printed) holds the container no longer than a call
+would: it sleeps after ``lifecycle.idle_sleep_s`` and its terminals close (1001)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from shellbox.errors import ContainerBusy, ShellboxError
@@ -23,7 +28,12 @@ class Terminal:
 
     container_id: str
     session: PtySession
+    touch: Callable[[str], None]  # renews a container's activity (``ContainerService.touch``)
     ended: str | None = None
+
+    def used(self) -> None:
+        """Bytes crossed the terminal (either way): its container is in use now."""
+        self.touch(self.container_id)
 
 
 class PtyService(ContainerFeature):
@@ -45,8 +55,10 @@ class PtyService(ContainerFeature):
         self, principal: Principal, cid: str, request: PtyRequest
     ) -> AsyncIterator[Terminal]:
         """A terminal in the caller's container (404 for another project's), closed when the
-        block ends; the container counts as active meanwhile."""
-        async with self.containers.held(principal, cid):
+        block ends. Opening it is a use of the container (waking it); from then on only the
+        terminal's traffic is (``Terminal.used``): a pause, a sleep or the container's end
+        is not held back (the features' ``stopping`` and ``release`` end it)."""
+        async with self.containers.activity(principal, cid):
             if self.count(cid) >= self.max_per_container:
                 msg = (
                     f"container {cid} already has {self.count(cid)} terminals open, the most "
@@ -60,17 +72,17 @@ class PtyService(ContainerFeature):
                 self._opening[cid] -= 1
                 if not self._opening[cid]:
                     del self._opening[cid]
-            terminal = Terminal(cid, session)
+            terminal = Terminal(cid, session, self.containers.touch)
             self._open.setdefault(cid, set()).add(terminal)
-            try:
-                yield terminal
-            finally:
-                terminals = self._open.get(cid)
-                if terminals is not None:
-                    terminals.discard(terminal)
-                    if not terminals:
-                        del self._open[cid]
-                await session.close()
+        try:
+            yield terminal
+        finally:
+            terminals = self._open.get(cid)
+            if terminals is not None:
+                terminals.discard(terminal)
+                if not terminals:
+                    del self._open[cid]
+            await session.close()
 
     async def end_all(self, cid: str, reason: str) -> None:
         for terminal in list(self._open.get(cid, ())):

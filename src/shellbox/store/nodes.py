@@ -21,6 +21,10 @@ from shellbox.store.db import Database
 from shellbox.store.tables import nodes, placements
 
 PlacementKind = Literal["container", "snapshot"]
+# A container or snapshot deleted while its node was unavailable: its placement stays, under
+# this kind, until the sandbox or the stored snapshot is removed from the node once it is
+# back (``ClusterRuntime.destroy_doomed``). A doomed container still holds its memory there.
+DOOMED: dict[PlacementKind, str] = {"container": "doomed_container", "snapshot": "doomed_snapshot"}
 NodeState = Literal["up", "stopped"]
 # Replicas placing at once take turns (PostgreSQL: this advisory lock; SQLite: its write lock),
 # so two of them never both fill a node's last free memory.
@@ -98,6 +102,8 @@ class NodeStore(Protocol):
     def node_of(self, item_id: str) -> NodeRecord | None: ...
     def unplace(self, item_id: str) -> None: ...
     def placed(self, node: str, kind: PlacementKind) -> list[str]: ...
+    def doom(self, item_id: str) -> None: ...
+    def doomed(self, node: str) -> list[tuple[str, PlacementKind]]: ...
 
 
 def now_ms(conn: Connection) -> int:
@@ -217,7 +223,7 @@ class SqlNodeStore:
                 func.count().label("n"),
                 func.coalesce(func.sum(placements.c.memory_bytes), 0).label("memory"),
             )
-            .where(placements.c.kind == "container")
+            .where(placements.c.kind.in_(("container", DOOMED["container"])))
             .group_by(placements.c.node)
             .subquery()
         )
@@ -256,3 +262,24 @@ class SqlNodeStore:
                     .order_by(placements.c.created_at_ms, placements.c.id)
                 )
             )
+
+    def doom(self, item_id: str) -> None:
+        """Deleted while its node is unavailable: removed from there once it is back."""
+        with self.db.begin() as conn:
+            for kind, doomed in DOOMED.items():
+                conn.execute(
+                    update(placements)
+                    .where(placements.c.id == item_id, placements.c.kind == kind)
+                    .values(kind=doomed)
+                )
+
+    def doomed(self, node: str) -> list[tuple[str, PlacementKind]]:
+        """What was deleted while ``node`` was unavailable, with what it was."""
+        kinds = {doomed: kind for kind, doomed in DOOMED.items()}
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(placements.c.id, placements.c.kind)
+                .where(placements.c.node == node, placements.c.kind.in_(tuple(kinds)))
+                .order_by(placements.c.created_at_ms, placements.c.id)
+            ).all()
+        return [(row.id, kinds[row.kind]) for row in rows]

@@ -5,8 +5,9 @@ messages: ``{"type": "resize", "cols": N, "rows": N}`` from the client, and ``{"
 "exit", "exit_code": N}`` from the server once the shell has exited, before it closes the
 socket (1000). Anything refused before the upgrade (no key or a bad one, another project's
 container, bad parameters, too many terminals) is an HTTP error with the usual envelope; the
-socket never opens. Once open, the server closes it with 1001 when the container sleeps,
-pauses or ends, 1003 for a control message it does not know, 1009 for a message over
+socket never opens. Once open, the server closes it with 1001 when the container sleeps
+(a terminal keeps it awake only while bytes cross it: ``service/pty.py``), pauses or ends,
+1003 for a control message it does not know, 1009 for a message over
 ``limits.ws_max_message_bytes``, 1011 when the sandbox went away.
 """
 
@@ -92,6 +93,7 @@ async def serve(websocket: WebSocket, terminal: Terminal, max_message: int) -> N
     async def output() -> None:
         async for chunk in session.output():
             await websocket.send_bytes(chunk)  # waits while the client reads slowly
+            terminal.used()
 
     async def control(text: str) -> str | None:
         """Apply one control message; the reason to close the socket if it is bad."""
@@ -103,6 +105,7 @@ async def serve(websocket: WebSocket, terminal: Terminal, max_message: int) -> N
             cols, rows = msg.get("cols"), msg.get("rows")
             if all(type(n) is int and 1 <= n <= MAX_SIDE for n in (cols, rows)):
                 await session.resize(int(cols), int(rows))  # type: ignore[arg-type]
+                terminal.used()
                 return None
             return f"resize needs integer cols and rows from 1 to {MAX_SIDE}"
         return 'unknown control message: send {"type": "resize", "cols": N, "rows": N}'
@@ -119,6 +122,7 @@ async def serve(websocket: WebSocket, terminal: Terminal, max_message: int) -> N
                 return TOO_BIG, f"a message is at most {max_message} bytes"
             if data is not None:
                 await session.write(data)
+                terminal.used()
             elif text is not None:
                 bad = await control(text)
                 if bad is not None:

@@ -614,7 +614,7 @@ class ContainerService:
         servers) sharing a database end containers that the others used too, and nothing
         would tell those. One query a reaper round, for what is kept; returns how many were
         forgotten. Containers in use here are kept whatever their row says."""
-        kept = self.remembered() - set(self._busy) - set(self._held) - self._making
+        kept = self.remembered() - set(self._busy) - self._making
         kept -= {cid for cid, lock in self._locks.items() if lock.locked()}
         ordered = sorted(kept)
         live: set[str] = set()

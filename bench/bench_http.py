@@ -75,13 +75,15 @@ def state_dir(prefix: str) -> Path:
 
 
 class Server:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], python: str | None = None) -> None:
+        """A ``shellbox serve`` subprocess; ``python``: another checkout's interpreter (its
+        venv runs that checkout's code), for a baseline measured in the same run."""
         self.dir = state_dir("shellbox-bench-srv-")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.env = {**os.environ, "SHELLBOX_RUNTIME__IMAGE_DIR": str(IMAGE_DIR), **env}
-        cli = [sys.executable, "-m", "shellbox.cli"]
+        cli = [python or sys.executable, "-m", "shellbox.cli"]
         self.key = subprocess.run(
             [*cli, "keys", "create", "--project", "bench", "--state-dir", str(self.dir)],
             check=True,

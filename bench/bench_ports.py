@@ -4,7 +4,7 @@ A small HTTP service runs on ``127.0.0.1:8000`` inside a container of a real ``s
 serve`` subprocess (network disabled, the default). The same ``GET /`` is timed:
 
 * **direct**: from this process, on a socket made in the container's network namespace
-  (``setns`` on a helper thread, outside the timing), connect + request + whole answer: the
+  (``setns``, outside the timing), connect + request + whole answer: the
   baseline, what a client living in the container's namespace would see;
 * **key route**: ``/v1/containers/{id}/ports/8000/`` with the key, on a keep-alive connection
   to the server (as an HTTP client keeps one);
@@ -15,20 +15,26 @@ serve`` subprocess (network disabled, the default). The same ``GET /`` is timed:
 
 Overhead = median(route) - median(direct); goal <= 1 ms. The service answers with
 ``Connection: close`` on every request, both ways, so each request also opens a connection to
-it in both measurements.
+it in both measurements. The paths take turns request by request, in a shuffled order (a burst
+of load elsewhere falls on all of them), and the table also shows the server's CPU per request
+(its threads' ``schedstat``), which a busy machine inflates far less than wall times.
 
-Run: ``.venv/bin/python bench/bench_ports.py [--runs N]``. Prints a table and writes
-``bench/results/ports.json``. Needs root and the sandbox image, like the tests.
+Run: ``.venv/bin/python bench/bench_ports.py [--runs N] [--baseline OTHER/.venv/bin/python]``
+(``--baseline``: another checkout's server, e.g. main's, measured in the same run). Prints a
+table and writes ``bench/results/ports.json``. Needs root and the sandbox image, like the tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
+import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,7 @@ from shellbox.sandbox.netns_dial import NetnsDialer, open_netns
 RESULTS = Path(__file__).resolve().parent / "results" / "ports.json"
 GOAL_OVERHEAD_MS = 1.0
 PORT = 8000
+OK = b"ok\n"
 SERVICE = (
     "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
     "class H(BaseHTTPRequestHandler):\n"
@@ -74,69 +81,63 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             return body
 
 
-async def direct(netns: Any, dialer: NetnsDialer, runs: int) -> list[float]:
-    samples = []
-    loop = asyncio.get_running_loop()
-    for _ in range(runs):
-        sock = dialer.socket_in(netns)
-        t0 = time.perf_counter()
-        await loop.sock_connect(sock, ("127.0.0.1", PORT))
-        reader, writer = await asyncio.open_connection(sock=sock)
-        headers = [("host", f"127.0.0.1:{PORT}"), ("connection", "close")]
-        body = await exchange(reader, writer, "/", headers)
-        samples.append(time.perf_counter() - t0)
-        assert body == b"ok\n"
-        writer.close()
-    return samples
+def cpu_ns(pid: int) -> int:
+    """CPU time the process's threads have used so far (``/proc/PID/task/*/schedstat``)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
-async def routed(server: Server, target: str, headers: list[tuple[str, str]],
-                 runs: int, expect: bytes = b"ok\n") -> list[float]:  # fmt: skip
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    headers = [("host", f"127.0.0.1:{server.port}"), *headers]
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        body = await exchange(reader, writer, target, headers)
-        samples.append(time.perf_counter() - t0)
-        assert expect in body, body
+class Route:
+    """One of the measured paths: how to make one request on it."""
+
+    def __init__(self, target: str, headers: list[tuple[str, str]], expect: bytes) -> None:
+        self.target, self.headers, self.expect = target, headers, expect
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+
+async def once_direct(netns: Any, dialer: NetnsDialer) -> float:
+    """connect + request + whole answer, on a socket of the container's namespace (made
+    outside the timing)."""
+    sock = dialer.socket_in(netns)
+    t0 = time.perf_counter()
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", PORT))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    headers = [("host", f"127.0.0.1:{PORT}"), ("connection", "close")]
+    body = await exchange(reader, writer, "/", headers)
+    elapsed = time.perf_counter() - t0
+    assert body == b"ok\n"
     writer.close()
-    return samples
+    return elapsed
 
 
-async def measure(server: Server, cid: str, link_path: str, runs: int) -> dict[str, Any]:
-    runtime = OciRuntime(server.dir, image_path())
-    pid = await runtime.agent_pid(cid)
-    assert pid is not None
-    netns = open_netns(pid, cid)
-    assert netns is not None
-    dialer = NetnsDialer()
-    key = [("authorization", f"Bearer {server.key}")]
-    key_target = f"/v1/containers/{cid}/ports/{PORT}/"
-    out: dict[str, Any] = {}
-    try:
-        for _ in range(2):  # warm-up, then the measured rounds, interleaved
-            rounds = max(runs // 4, 10) if not out else runs
-            out = {
-                "direct": await direct(netns, dialer, rounds),
-                "key_route": await routed(server, key_target, key, rounds),
-                "link_route": await routed(server, link_path, [], rounds),
-                "healthz": await routed(server, "/healthz", [], rounds, b'"ok"'),
-                "container_get": await routed(
-                    server, f"/v1/containers/{cid}", key, rounds, cid.encode()
-                ),
-            }
-    finally:
-        dialer.close()
-        netns.close()
-    return out
+async def once_routed(server: Server, path: Route) -> float:
+    """One request on the path's keep-alive connection to the server."""
+    if path.conn is None:
+        path.conn = await asyncio.open_connection("127.0.0.1", server.port)
+    reader, writer = path.conn
+    headers = [("host", f"127.0.0.1:{server.port}"), *path.headers]
+    t0 = time.perf_counter()
+    body = await exchange(reader, writer, path.target, headers)
+    elapsed = time.perf_counter() - t0
+    assert path.expect in body, body
+    return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=500)
-    args = parser.parse_args()
-    server = Server({})
+@dataclass
+class Target:
+    """One server under test: its container running the service, and a link to it."""
+
+    label: str
+    server: Server
+    cid: str
+    link_path: str
+
+
+def start(label: str, python: str | None) -> Target:
+    server = Server({}, python)
     try:
         with httpx.Client(base_url=server.url, headers=server.headers(), timeout=60) as http:
             cid = http.post("/v1/containers", json={"name": "bench"}).json()["id"]
@@ -148,21 +149,103 @@ def main() -> None:
                     break
                 time.sleep(0.05)
             link = http.post(f"/v1/containers/{cid}/ports/{PORT}/links", json={}).json()["url"]
-            link_path = "/" + link.split("/", 3)[3]
-            samples = asyncio.run(measure(server, cid, link_path, args.runs))
-    finally:
+    except BaseException:
         server.stop()
+        raise
+    return Target(label, server, cid, "/" + link.split("/", 3)[3])
+
+
+async def measure(
+    targets: list[Target], runs: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Wall times per path, and the server's CPU per request (ms) per path. The paths (and
+    the servers) take turns request by request, so a burst of load elsewhere on the machine
+    falls on all of them."""
+    dialer = NetnsDialer()
+    held = []
+    plan: list[tuple[str, Target, Any]] = []  # (name, target, Route or the netns)
+    for t in targets:
+        runtime = OciRuntime(t.server.dir, image_path())
+        pid = await runtime.agent_pid(t.cid)
+        assert pid is not None
+        netns = open_netns(pid, t.cid)
+        assert netns is not None
+        held.append(netns)
+        key = [("authorization", f"Bearer {t.server.key}")]
+        plan += [
+            (f"direct{t.label}", t, netns),
+            (f"key_route{t.label}", t, Route(f"/v1/containers/{t.cid}/ports/{PORT}/", key, OK)),
+            (f"link_route{t.label}", t, Route(t.link_path, [], OK)),
+            (f"healthz{t.label}", t, Route("/healthz", [], b'"ok"')),
+            (f"container_get{t.label}", t, Route(f"/v1/containers/{t.cid}", key, t.cid.encode())),
+        ]
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in plan}
+    cpu: dict[str, float] = {name: 0 for name, _, how in plan if isinstance(how, Route)}
+    warm_up = max(runs // 4, 10)
+    try:
+        shuffle = random.Random(42).shuffle
+        for round_ in range(warm_up + runs):
+            # In a fixed order the path after the direct one paid for the server waking up
+            # (measured: whichever route came first was 0.5 ms slower): shuffled per round.
+            shuffle(plan)
+            for name, t, how in plan:
+                if not isinstance(how, Route):
+                    elapsed = await once_direct(how, dialer)
+                else:
+                    used = cpu_ns(t.server.proc.pid)
+                    elapsed = await once_routed(t.server, how)
+                    if round_ >= warm_up:
+                        cpu[name] += cpu_ns(t.server.proc.pid) - used
+                if round_ >= warm_up:
+                    samples[name].append(elapsed)
+    finally:
+        for _, _, how in plan:
+            if isinstance(how, Route) and how.conn is not None:
+                how.conn[1].close()
+        dialer.close()
+        for netns in held:
+            netns.close()
+    return samples, {name: ns / runs / 1e6 for name, ns in cpu.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument(
+        "--baseline",
+        metavar="PYTHON",
+        help="another checkout's venv python (e.g. main's): its server is measured in the "
+        "same run, request by request with this one's, and shown as '(base)'",
+    )
+    args = parser.parse_args()
+    targets: list[Target] = []
+    try:
+        targets.append(start("", None))
+        if args.baseline:
+            targets.append(start(" (base)", args.baseline))
+        samples, cpu = asyncio.run(measure(targets, args.runs))
+    finally:
+        for t in targets:
+            t.server.stop()
     results = {name: summary(s) for name, s in samples.items()}
-    base = statistics.median(samples["direct"]) * 1000
-    for name in ("key_route", "link_route"):
-        med = statistics.median(samples[name]) * 1000
-        results[name]["overhead_ms"] = round(med - base, 3)
-        results[name]["ratio"] = round(med / base, 2)
-    print(f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'overhead ms':>12} {'ratio':>6}")
+    for name, ms in cpu.items():
+        results[name]["server_cpu_ms"] = round(ms, 3)
+    for t in targets:
+        base = statistics.median(samples[f"direct{t.label}"]) * 1000
+        for route in ("key_route", "link_route"):
+            name = route + t.label
+            med = statistics.median(samples[name]) * 1000
+            results[name]["overhead_ms"] = round(med - base, 3)
+            results[name]["ratio"] = round(med / base, 2)
+    print(
+        f"{'path':<20} {'p50 ms':>8} {'p99 ms':>8} {'overhead ms':>12} {'ratio':>6} "
+        f"{'server cpu ms':>14}"
+    )
     for name, row in results.items():
         print(
-            f"{name:<12} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
-            f"{row.get('overhead_ms', 0):>12.3f} {row.get('ratio', 1):>6.2f}"
+            f"{name:<20} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+            f"{row.get('overhead_ms', 0):>12.3f} {row.get('ratio', 1):>6.2f} "
+            f"{row.get('server_cpu_ms', 0):>14.3f}"
         )
     worst = max(results["key_route"]["overhead_ms"], results["link_route"]["overhead_ms"])
     verdict = "met" if worst <= GOAL_OVERHEAD_MS else "NOT met"
@@ -173,6 +256,7 @@ def main() -> None:
             {
                 "machine": platform.node(),
                 "runs": args.runs,
+                "baseline": args.baseline,
                 "goal_overhead_ms": GOAL_OVERHEAD_MS,
                 "results": results,
             },

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class NodeProcess(ChildProcess):
     key_file: Path | None = None
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    ca_file: Path | None = None  # serving https (its certificate and key in ``env``): its CA
 
     def __post_init__(self) -> None:
         if self.key_file is None:  # removed with the state directory
@@ -43,7 +45,10 @@ class NodeProcess(ChildProcess):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ca_file else 'http'}://127.0.0.1:{self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
 
     @property
     def key(self) -> str:
@@ -75,14 +80,21 @@ class NodeProcess(ChildProcess):
 
     def start(self, timeout_s: float = 60) -> NodeProcess:
         self.launch(
-            self.command(), self.environment(), self.log_path, f"{self.url}/healthz", timeout_s
+            self.command(),
+            self.environment(),
+            self.log_path,
+            f"{self.url}/healthz",
+            timeout_s,
+            verify=self.verify(),
         )
         return self
 
     def destroy_all(self) -> None:
         """Destroy every container the node holds, through its own API."""
         auth = {"authorization": f"Bearer {self.key}"}
-        with httpx.Client(base_url=self.url, headers=auth, timeout=120) as http:
+        with httpx.Client(
+            base_url=self.url, headers=auth, timeout=120, verify=self.verify()
+        ) as http:
             listed = http.post("/v1/runtime/list", json={}).json()["result"]
             for info in listed:
                 http.post("/v1/runtime/destroy", json={"container_id": info["id"]})

@@ -9,6 +9,7 @@ import asyncio
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -81,8 +82,10 @@ class ChildProcess:
         log_path: Path,
         health_url: str,
         timeout_s: float,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
-        """Start ``argv`` and wait until ``health_url`` answers 200."""
+        """Start ``argv`` and wait until ``health_url`` answers 200 (an https one checked
+        with ``verify``)."""
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
@@ -93,7 +96,7 @@ class ChildProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{what} exited: {self.log()}")
             try:
-                if httpx.get(health_url, timeout=1).status_code == 200:
+                if httpx.get(health_url, timeout=1, verify=verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

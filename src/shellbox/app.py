@@ -14,6 +14,7 @@ from shellbox.api import errors, openapi
 from shellbox.api.body_budget import BodyBudget, BodyBudgetMiddleware
 from shellbox.api.console import routes as console
 from shellbox.api.middleware import RequestContextMiddleware
+from shellbox.api.port_gateway import PortGateway
 from shellbox.api.routes import (
     containers,
     egress,
@@ -64,6 +65,7 @@ def create_app(settings: Settings, services: Services | None = None) -> FastAPI:
     )
     errors.install(app)
     memory.return_large_blocks_to_os()
+    app.add_middleware(PortGateway)  # innermost: the request id and the upload cap still apply
     app.add_middleware(  # inside the request-context middleware: its answers get a request id
         BodyBudgetMiddleware,
         budget=BodyBudget(settings.limits.body_budget_bytes, settings.limits.body_budget_wait_s),

@@ -280,6 +280,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shellbox.node import build_node, node_info
+    from shellbox.node.info import tls_files
     from shellbox.sandbox.remote import load_cluster_key
     from shellbox.sandbox.remote_streams import MAX_MESSAGE, keepalive
 
@@ -288,10 +289,11 @@ def cmd_node(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         key = load_cluster_key(Path(args.cluster_key_file))
+        tls = tls_files(settings.cluster.tls_cert_file, settings.cluster.tls_key_file)
     except ShellboxError as exc:
         print(f"shellbox node: {exc}", file=sys.stderr)
         return 2
-    info = node_info(args.name, args.advertise, host, port)
+    info = node_info(args.name, args.advertise, host, port, tls=tls is not None)
     node = build_node(settings, key, info)  # builds the image first if it is missing
     logging.getLogger("shellbox.node").info(
         "node %s serving its runtime on %s:%d (advertised as %s)",
@@ -311,6 +313,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         ws="websockets-sansio",  # reads a message only once the relay took the last
         ws_ping_interval=None,
         ws_max_size=MAX_MESSAGE,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     uvicorn.Server(config).run(sockets=[listener])
     return 0

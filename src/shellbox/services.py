@@ -144,7 +144,8 @@ def remote_nodes(settings: Settings) -> Connect:
     assert settings.cluster.key_file is not None  # (checked by api_settings)
     key = load_cluster_key(settings.cluster.key_file)
     timeout_s = settings.cluster.node_connect_timeout_s
-    return lambda node: RemoteRuntime(node.url, key, connect_timeout_s=timeout_s)
+    ca_file = settings.cluster.node_ca_file
+    return lambda node: RemoteRuntime(node.url, key, connect_timeout_s=timeout_s, ca_file=ca_file)
 
 
 def _node_runtime(settings: Settings) -> RemoteRuntime:
@@ -158,6 +159,7 @@ def _node_runtime(settings: Settings) -> RemoteRuntime:
         cluster.node_url,
         load_cluster_key(cluster.key_file),
         connect_timeout_s=cluster.node_connect_timeout_s,
+        ca_file=cluster.node_ca_file,
     )
 
 

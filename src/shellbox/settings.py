@@ -312,6 +312,22 @@ class ClusterSettings(_Section):
     node_connect_timeout_s: float = Field(
         3.0, gt=0, description="how long reaching a node may take before it is unavailable"
     )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="`shellbox node` serves https with this certificate chain (PEM), so the "
+        "cluster key and the sandboxes' traffic cross the network encrypted; needs "
+        "tls_key_file",
+    )
+    tls_key_file: Path | None = Field(
+        None,
+        description="the private key of tls_cert_file (PEM; root's alone, 0600, or the node "
+        "refuses to start)",
+    )
+    node_ca_file: Path | None = Field(
+        None,
+        description="the CA certificates (PEM) an https node's certificate is checked against; "
+        "default: the system's trust store",
+    )
 
 
 class PortSettings(_Section):

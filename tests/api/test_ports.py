@@ -287,3 +287,23 @@ def test_cookies_and_redirects_stay_under_the_services_prefix(
     assert r.status_code == 302
     assert r.headers["location"] == f"{prefix}/target?x=1"
     assert r.headers["set-cookie"] == f"sid=abc; HttpOnly; Path={prefix}/"
+
+
+def test_the_port_routes_answer_like_every_other_route(http: httpx.Client, cid: str) -> None:
+    """The port routes are answered before the API's router (``api/port_gateway.py``): the
+    same request id, checks and error envelope as every route."""
+    start_http_server(http, cid)
+    ok = http.get(f"/v1/containers/{cid}/ports/8000/hello.txt")
+    assert ok.status_code == 200 and ok.headers["x-request-id"].startswith("req_")
+    missing = http.get("/v1/containers/cntr_nope/ports/8000/")
+    assert missing.status_code == 404 and missing.headers["x-request-id"].startswith("req_")
+    assert missing.json()["error"]["param"] == "container_id", missing.text
+    nul = http.get(f"/v1/containers/{cid}/ports/8000/a%00b")
+    assert nul.status_code == 400 and nul.json()["error"]["param"] == "path", nul.text
+    query = http.get(f"/v1/containers/{cid}/ports/8000/", params={"q": "a\x00b"})
+    assert query.status_code == 400 and query.json()["error"]["param"] == "q", query.text
+    assert http.request("TRACE", f"/v1/containers/{cid}/ports/8000/").status_code == 405
+    url = f"{str(http.base_url).rstrip('/')}/v1/containers/{cid}/ports/8000/"
+    keyless = httpx.get(url)
+    assert keyless.status_code == 401 and "API key" in keyless.json()["error"]["message"]
+    assert httpx.get(url, headers={"authorization": "Basic x"}).status_code == 401

@@ -39,6 +39,13 @@ async def get_principal(
     )
 
 
+def bearer_credential(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (None for any other scheme), as
+    FastAPI's ``HTTPBearer`` reads it for the other routes."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token if scheme.lower() == "bearer" else None
+
+
 def peer_host(request: Request | WebSocket) -> str | None:
     """The address the request came from (None when the server cannot tell)."""
     return request.client.host if request.client else None
@@ -56,8 +63,7 @@ async def websocket_principal(websocket: WebSocket, *, browser_token: bool = Fal
     if query_token is not None and "authorization" not in websocket.headers:
         cid = str(websocket.path_params.get("container_id", ""))
         return services.ports.principal_for_token(query_token, cid)
-    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
-    credential = token if scheme.lower() == "bearer" else None
+    credential = bearer_credential(websocket.headers.get("authorization"))
     return services.keys.authenticate(credential, peer_host(websocket))
 
 

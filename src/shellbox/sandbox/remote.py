@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import ssl
 import stat
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -55,18 +56,25 @@ ARGS_HEADER = "shellbox-args"  # must match shellbox/node/app.py
 PREFIX = "/v1/runtime/"  # must match shellbox/node/app.py
 
 
-def load_cluster_key(path: Path) -> str:
-    """The cluster key in ``path``, which must be root's alone (0600 or stricter): a key
-    readable by others would let any local user drive every sandbox of the cluster."""
+def read_private_file(path: Path, what: str) -> str:
+    """The text of ``path``, which must be a regular file its owner alone may read (0600 or
+    stricter): a cluster key or a TLS private key readable by others would let any local user
+    drive every sandbox of the cluster, or pose as its node."""
     try:
         st = os.stat(path)
-        key = path.read_text().strip()
+        text = path.read_text()
     except OSError as exc:
-        msg = f"cluster key file {path}: {exc.strerror}"
+        msg = f"{what} {path}: {exc.strerror}"
         raise SandboxError(msg) from None
     if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-        msg = f"cluster key file {path} must be a regular file readable by its owner only (0600)"
+        msg = f"{what} {path} must be a regular file readable by its owner only (0600)"
         raise SandboxError(msg)
+    return text
+
+
+def load_cluster_key(path: Path) -> str:
+    """The cluster key in ``path`` (root's alone: ``read_private_file``)."""
+    key = read_private_file(path, "cluster key file").strip()
     if len(key) < 16:
         msg = f"cluster key file {path} holds no key of at least 16 characters"
         raise SandboxError(msg)
@@ -103,7 +111,10 @@ class RemoteRuntime:
         name: str | None = None,
         connect_timeout_s: float = 3.0,
         timeout_s: float = 600.0,
+        ca_file: Path | None = None,
     ) -> None:
+        """``ca_file``: the CA certificates an https node is checked against (default: the
+        system's trust store); the WebSockets of terminals and ports are checked the same."""
         self.base_url = base_url.rstrip("/")
         self.name = name or urlsplit(self.base_url).netloc or self.base_url
         self._headers = {"authorization": f"Bearer {cluster_key}"}
@@ -112,8 +123,13 @@ class RemoteRuntime:
         # A call may take as long as the node's work (a fork of a large disk, an agent's
         # start); reaching the node may not.
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        https = urlsplit(self.base_url).scheme == "https"
+        self._tls = ssl.create_default_context(cafile=ca_file) if https else None
         self._client = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=self._timeout
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=self._timeout,
+            verify=self._tls or True,
         )
         self._info: RuntimeInfo | None = None
 
@@ -122,7 +138,17 @@ class RemoteRuntime:
 
     # -- transport --------------------------------------------------------------------------
 
-    def _unavailable(self, exc: Exception) -> NodeUnavailable:
+    def _unavailable(self, exc: BaseException) -> NodeUnavailable:
+        cause: BaseException | None = exc
+        while cause is not None:  # httpx wraps the ssl module's error
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                msg = (
+                    f"the node {self.name} is unavailable: its TLS certificate is not trusted "
+                    f"({cause.verify_message}); give the replicas its CA in "
+                    "cluster.node_ca_file"
+                )
+                return NodeUnavailable(msg)
+            cause = cause.__cause__ or cause.__context__
         msg = (
             f"the node {self.name} is unavailable ({type(exc).__name__}); its containers "
             "answer again once it is back"
@@ -209,21 +235,24 @@ class RemoteRuntime:
         node answers only once the call is made, and a refusal is raised as its class."""
         parts = urlsplit(self.base_url)
         host = parts.hostname or "localhost"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if parts.scheme == "https":
-            msg = f"the node {self.name}: streams over https are not supported yet"
-            raise SandboxError(msg)
+        port = parts.port or (443 if self._tls else 80)
         try:
             sock = await dial(host, port, self._connect_timeout_s)
         except (OSError, TimeoutError) as exc:
             raise self._unavailable(exc) from None
-        url = f"ws://{parts.netloc}{parts.path}{PREFIX}{method}"
+        url = f"{'wss' if self._tls else 'ws'}://{parts.netloc}{parts.path}{PREFIX}{method}"
         headers = {**self._headers, ARGS_HEADER: json.dumps(dict(args))}
         # The handshake waits for the node's call (a terminal may restart its container):
         # as long as any call may take, not only the connect timeout.
         try:
             return await open_websocket(
-                url, sock, headers, open_timeout_s=self._call_timeout_s, refused=self._refused
+                url,
+                sock,
+                headers,
+                open_timeout_s=self._call_timeout_s,
+                refused=self._refused,
+                tls=self._tls,
+                server_hostname=host,
             )
         except (OSError, TimeoutError, EOFError) as exc:
             raise self._unavailable(exc) from None

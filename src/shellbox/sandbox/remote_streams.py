@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -88,13 +89,18 @@ async def open_websocket(
     *,
     open_timeout_s: float,
     refused: Callable[[int, bytes], ShellboxError],
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
 ) -> ClientConnection:
-    """The WebSocket handshake over ``sock``; a node's refusal raised as ``refused`` says, an
-    answer that is not HTTP (the node went away mid-handshake) as a ``ConnectionError``."""
+    """The WebSocket handshake over ``sock`` (TLS first with ``tls``: a ``wss://`` url); a
+    node's refusal raised as ``refused`` says, an answer that is not HTTP (the node went away
+    mid-handshake) as a ``ConnectionError``."""
     try:
         return await connect(
             url,
             sock=sock,
+            ssl=tls,
+            server_hostname=server_hostname if tls else None,
             additional_headers=dict(headers),
             open_timeout=open_timeout_s,
             ping_interval=None,

@@ -84,9 +84,8 @@ class SqlContainerStore:
 
     def get(self, project: str, cid: str) -> ContainerRecord | None:
         """One indexed read (every call makes it: see ``ContainerService._claim``)."""
-        with self.db.connect() as conn:
-            row = conn.execute(_GET, {"b_id": cid, "b_project": project}).first()
-        return None if row is None else ContainerRecord.from_row(row._mapping)
+        row = self.db.first_row(_GET, {"b_id": cid, "b_project": project})
+        return None if row is None else ContainerRecord.from_row(row)
 
     def page(
         self, project: str, *, name: str | None, after: str | None, limit: int, order: Order

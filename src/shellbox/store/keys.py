@@ -79,9 +79,8 @@ class SqlKeyStore:
         return ApiKey.from_row(row._mapping)
 
     def by_hash(self, key_hash: str) -> KeyMatch | None:
-        with self.db.connect() as conn:
-            row = conn.execute(_BY_HASH, {"key_hash": key_hash}).first()
-        return None if row is None else KeyMatch(row.id, row.project, row.revoked_at)
+        row = self.db.first_row(_BY_HASH, {"key_hash": key_hash})
+        return None if row is None else KeyMatch(row["id"], row["project"], row["revoked_at"])
 
     def any_active(self) -> bool:
         with self.db.connect() as conn:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, Query, Request, Security, WebSocket
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from shellbox.service.models import Principal
 from shellbox.services import Services
@@ -46,9 +47,17 @@ def bearer_credential(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" else None
 
 
-def peer_host(request: Request | WebSocket) -> str | None:
+def key_principal(conn: HTTPConnection, services: Services) -> Principal:
+    """The caller of a request or WebSocket read outside FastAPI's dependencies (the port
+    gateway, the WebSocket routes): its ``Authorization: Bearer`` key, as ``get_principal``
+    reads it."""
+    credential = bearer_credential(conn.headers.get("authorization"))
+    return services.keys.authenticate(credential, peer_host(conn))
+
+
+def peer_host(conn: HTTPConnection) -> str | None:
     """The address the request came from (None when the server cannot tell)."""
-    return request.client.host if request.client else None
+    return conn.client.host if conn.client else None
 
 
 async def websocket_principal(websocket: WebSocket, *, browser_token: bool = False) -> Principal:
@@ -63,8 +72,7 @@ async def websocket_principal(websocket: WebSocket, *, browser_token: bool = Fal
     if query_token is not None and "authorization" not in websocket.headers:
         cid = str(websocket.path_params.get("container_id", ""))
         return services.ports.principal_for_token(query_token, cid)
-    credential = bearer_credential(websocket.headers.get("authorization"))
-    return services.keys.authenticate(credential, peer_host(websocket))
+    return key_principal(websocket, services)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

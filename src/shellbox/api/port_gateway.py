@@ -24,8 +24,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shellbox.api.deps import bearer_credential, peer_host
+from shellbox.api.deps import key_principal
 from shellbox.api.errors import envelope, error_response
+from shellbox.api.middleware import is_port_path
 from shellbox.api.port_proxy import forward_http, service_path
 from shellbox.api.strings import check_value
 from shellbox.errors import InvalidRequest, ShellboxError
@@ -52,21 +53,20 @@ class PortGateway:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not is_port_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
         parts = path.split("/", KEY_DEPTH + 1)
-        if path.startswith("/v1/port-links/"):
-            depth = LINK_DEPTH
-        elif len(parts) > KEY_DEPTH and parts[2] == "containers" and parts[4] == "ports":
-            if len(parts) == KEY_DEPTH + 2 and parts[6] == "links" and scope["method"] == "POST":
-                await self.app(scope, receive, send)  # the route that makes links
-                return
-            depth = KEY_DEPTH
-        else:
+        if (
+            len(parts) == KEY_DEPTH + 2
+            and parts[6] == "links"
+            and parts[2] == "containers"
+            and scope["method"] == "POST"
+        ):  # the route that makes links
             await self.app(scope, receive, send)
             return
+        depth = LINK_DEPTH if path.startswith("/v1/port-links/") else KEY_DEPTH
         response: Response
         if scope["method"] not in METHODS:
             response = envelope(405, "This route does not accept that HTTP method")
@@ -99,13 +99,8 @@ class PortGateway:
             return RedirectResponse(str(request.url.replace(path=request.url.path + "/")), 307)
         check_value(request.scope["path"], "path")
         if not link:
-            principal = self._principal(request, services)
+            principal = key_principal(request, services)
         return await self._forward(request, services, principal, cid, port, prefix, depth, link)
-
-    @staticmethod
-    def _principal(request: Request, services: Services) -> Principal:
-        credential = bearer_credential(request.headers.get("authorization"))
-        return services.keys.authenticate(credential, peer_host(request))
 
     @staticmethod
     async def _forward(

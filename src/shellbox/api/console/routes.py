@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Header, Request
@@ -249,30 +249,21 @@ async def usage(request: Request, services: ServicesDep) -> Response:
         costs = build(services.metering, req, "costs")
         days: dict[tuple[int, str], dict[str, object]] = {}
         totals: dict[str, tuple[int, float]] = {}
+
+        def day(bucket: dict[str, Any], res: dict[str, Any]) -> dict[str, object]:
+            """One project's row of one day, made on first sight (with no sessions, no cost)."""
+            start, project = bucket["start_time"], res["project_id"]
+            return days.setdefault(
+                (start, project),
+                {"start_time": start, "project": project, "sessions": 0, "cost": 0.0},
+            )
+
         for bucket in sessions["data"]:
             for res in bucket["results"]:
-                row = days.setdefault(
-                    (bucket["start_time"], res["project_id"]),
-                    {
-                        "start_time": bucket["start_time"],
-                        "project": res["project_id"],
-                        "sessions": 0,
-                        "cost": 0.0,
-                    },
-                )
-                row["sessions"] = res["num_sessions"]
+                day(bucket, res)["sessions"] = res["num_sessions"]
         for bucket in costs["data"]:
             for res in bucket["results"]:
-                row = days.setdefault(
-                    (bucket["start_time"], res["project_id"]),
-                    {
-                        "start_time": bucket["start_time"],
-                        "project": res["project_id"],
-                        "sessions": 0,
-                        "cost": 0.0,
-                    },
-                )
-                row["cost"] = res["amount"]["value"]
+                day(bucket, res)["cost"] = res["amount"]["value"]
         for row in days.values():
             n, c = totals.get(str(row["project"]), (0, 0.0))
             totals[str(row["project"])] = (

@@ -23,7 +23,8 @@ ROW = {
 
 t = sandbox_usage.c
 READ = select(t.id, t.billed_ms, t.started_container).where(
-    t.id == bindparam("b_id"), t.kind == "call"  # a value written in the statement
+    t.id == bindparam("b_id"),
+    t.kind == "call",  # a value written in the statement
 )
 BILL = update(sandbox_usage).where(t.id == bindparam("b_id")).values(billed_ms=bindparam("ms"))
 DROP = delete(sandbox_usage).where(t.id == bindparam("b_id"))

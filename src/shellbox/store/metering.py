@@ -8,8 +8,8 @@ calls ``insert_usage`` in its transaction), so a crash leaves both or neither.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 

@@ -15,7 +15,6 @@ from sqlalchemy import (
     URL,
     Column,
     Engine,
-    Executable,
     Insert,
     Select,
     Table,
@@ -29,7 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from shellbox.errors import InvalidRequest
 
@@ -53,7 +52,7 @@ class _Hot:
     """A statement ``first_row`` or ``write`` runs, compiled once for this database: kept,
     so that the id() of the statement it holds stays that statement's."""
 
-    statement: Executable
+    statement: ClauseElement
     sql: str
     binds: tuple[tuple[str, Processor, Any], ...]  # name, processor, the statement's value
     positional: bool  # binds in the SQL's order, or by name
@@ -110,7 +109,7 @@ class Database:
             for (key, convert), value in zip(hot.columns, row, strict=True)
         }
 
-    def write(self, statement: Executable, params: Mapping[str, Any]) -> int:
+    def write(self, statement: ClauseElement, params: Mapping[str, Any]) -> int:
         """Run one INSERT, UPDATE or DELETE on every request's path in a transaction of its
         own, as ``first_row`` runs its reads (compiled once, through the driver's connection);
         returns how many rows it changed. For an INSERT, ``params`` names the columns it sets,
@@ -136,7 +135,7 @@ class Database:
             return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
         return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
 
-    def _compiled(self, statement: Executable, params: Mapping[str, Any]) -> _Hot:
+    def _compiled(self, statement: ClauseElement, params: Mapping[str, Any]) -> _Hot:
         hot = self._hot.get(id(statement))
         if hot is not None:
             return hot

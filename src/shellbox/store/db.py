@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from shellbox.errors import InvalidRequest
@@ -141,6 +142,7 @@ class Database:
             return hot
         dialect = self.engine.dialect
         compiled = statement.compile(dialect=dialect, column_keys=list(params))
+        assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
         names = compiled.positiontup or list(compiled.binds)
         binds = tuple(
             (name, bind.type.dialect_impl(dialect).bind_processor(dialect), bind.value)

@@ -1736,8 +1736,14 @@ class Agent:
                     self.commands.pop(cmd.pid, None)
             while self.dirty:
                 self.dirty.pop().flush()
-            # The spare is forked once calls have paused: a burst starts commands by spawn.
-            if self.spare is None and now - self.last_move > BURST_WINDOW_S:
+            # The next spare is forked as soon as no command runs (its answer has gone out,
+            # above), or once moves have paused: its first move waits for an RCU grace
+            # period (10-30 ms when the machine is quiet), and forked any later, a call that
+            # follows the last one by about that long found it still waiting, and waited with
+            # it. A burst starts its commands by spawn and leaves the spare alone.
+            if self.spare is None and (
+                not self.commands or now - self.last_move > BURST_WINDOW_S
+            ):
                 self.make_spare()
             if now - last_sweep > 5 and self.retired:
                 last_sweep = now

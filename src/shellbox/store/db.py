@@ -11,11 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import URL, Engine, Select, Table, create_engine, event, make_url, select, text
+from sqlalchemy import (
+    URL,
+    Column,
+    Engine,
+    Insert,
+    Select,
+    Table,
+    create_engine,
+    event,
+    make_url,
+    select,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from shellbox.errors import InvalidRequest
 
@@ -31,14 +45,30 @@ class Page:
     has_more: bool
 
 
-@dataclass(frozen=True)
-class _HotRead:
-    """A statement ``Database.first_row`` runs: kept, so that its id() stays its own."""
+Processor = Callable[[Any], Any] | None
 
-    statement: Select[Any]
+
+@dataclass(frozen=True)
+class _Hot:
+    """A statement ``first_row`` or ``write`` runs, compiled once for this database: kept,
+    so that the id() of the statement it holds stays that statement's."""
+
+    statement: ClauseElement
     sql: str
-    order: tuple[str, ...] | None  # the parameters' order, for a positional driver
-    columns: tuple[tuple[str, Callable[[Any], Any] | None], ...]  # name, result processor
+    binds: tuple[tuple[str, Processor, Any], ...]  # name, processor, the statement's value
+    positional: bool  # binds in the SQL's order, or by name
+    columns: tuple[tuple[str, Processor], ...]  # name, result processor (reads)
+
+    def args(self, params: Mapping[str, Any]) -> Any:
+        """The driver's parameters: ``params``, or the value written in the statement."""
+        values = [
+            (name, convert(value) if convert is not None else value)
+            for name, convert, default in self.binds
+            for value in (params.get(name, default),)
+        ]
+        if self.positional:
+            return tuple(value for _, value in values)
+        return dict(values)
 
 
 class Database:
@@ -47,7 +77,7 @@ class Database:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._hot: dict[int, _HotRead] = {}  # by id() of the statement it holds
+        self._hot: dict[int, _Hot] = {}  # by id() of the statement it holds
 
     def begin(self) -> Any:
         return self.engine.begin()
@@ -62,26 +92,12 @@ class Database:
         result processors (JSON, booleans), as SQLAlchemy would; what does not run is its
         per-execution machinery (Connection, execution context, Result), which in the server
         took several times the query itself."""
-        hot = self._hot.get(id(statement))
-        if hot is None:
-            dialect = self.engine.dialect
-            compiled = statement.compile(dialect=dialect)
-            order = tuple(compiled.positiontup) if compiled.positiontup else None
-            columns = tuple(
-                (str(c.key), c.type.dialect_impl(dialect).result_processor(dialect, None))
-                for c in statement.selected_columns
-            )
-            hot = self._hot.setdefault(
-                id(statement), _HotRead(statement, str(compiled), order, columns)
-            )
-        args: Any = (
-            tuple(params[name] for name in hot.order) if hot.order is not None else dict(params)
-        )
+        hot = self._compiled(statement, params)
         conn = self.engine.raw_connection()
         try:
             cursor = conn.cursor()
             try:
-                cursor.execute(hot.sql, args)
+                cursor.execute(hot.sql, hot.args(params))
                 row = cursor.fetchone()
             finally:
                 cursor.close()
@@ -93,6 +109,55 @@ class Database:
             key: convert(value) if convert is not None else value
             for (key, convert), value in zip(hot.columns, row, strict=True)
         }
+
+    def write(self, statement: ClauseElement, params: Mapping[str, Any]) -> int:
+        """Run one INSERT, UPDATE or DELETE on every request's path in a transaction of its
+        own, as ``first_row`` runs its reads (compiled once, through the driver's connection);
+        returns how many rows it changed. For an INSERT, ``params`` names the columns it sets,
+        the same ones at every call."""
+        hot = self._compiled(statement, params)
+        conn = self.engine.raw_connection()
+        try:
+            cursor = conn.cursor()
+            try:
+                cursor.execute(hot.sql, hot.args(params))
+                changed = int(cursor.rowcount)
+            finally:
+                cursor.close()
+            conn.commit()
+        finally:
+            conn.close()  # back to the pool (rolled back if the commit never happened)
+        return changed
+
+    def insert_new(self, table: Table, key: Column[Any]) -> Insert:
+        """An INSERT into ``table`` that skips a row whose ``key`` (unique) exists already:
+        ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL both speak, for ``write``."""
+        if self.engine.dialect.name == "postgresql":
+            return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+        return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
+
+    def _compiled(self, statement: ClauseElement, params: Mapping[str, Any]) -> _Hot:
+        hot = self._hot.get(id(statement))
+        if hot is not None:
+            return hot
+        dialect = self.engine.dialect
+        compiled = statement.compile(dialect=dialect, column_keys=list(params))
+        assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
+        names = compiled.positiontup or list(compiled.binds)
+        binds = tuple(
+            (name, bind.type.dialect_impl(dialect).bind_processor(dialect), bind.value)
+            for name in names
+            for bind in (compiled.binds[name],)
+        )
+        selected = getattr(statement, "selected_columns", ())
+        columns = tuple(
+            (str(c.key), c.type.dialect_impl(dialect).result_processor(dialect, None))
+            for c in selected
+        )
+        return self._hot.setdefault(
+            id(statement),
+            _Hot(statement, str(compiled), binds, bool(compiled.positiontup), columns),
+        )
 
     def page(
         self,

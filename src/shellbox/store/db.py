@@ -93,16 +93,7 @@ class Database:
         per-execution machinery (Connection, execution context, Result), which in the server
         took several times the query itself."""
         hot = self._compiled(statement, params)
-        conn = self.engine.raw_connection()
-        try:
-            cursor = conn.cursor()
-            try:
-                cursor.execute(hot.sql, hot.args(params))
-                row = cursor.fetchone()
-            finally:
-                cursor.close()
-        finally:
-            conn.close()  # back to the pool, its transaction rolled back
+        row, _ = self._run(hot, params, write=False)
         if row is None:
             return None
         return {
@@ -115,19 +106,27 @@ class Database:
         own, as ``first_row`` runs its reads (compiled once, through the driver's connection);
         returns how many rows it changed. For an INSERT, ``params`` names the columns it sets,
         the same ones at every call."""
-        hot = self._compiled(statement, params)
+        _, changed = self._run(self._compiled(statement, params), params, write=True)
+        return changed
+
+    def _run(self, hot: _Hot, params: Mapping[str, Any], *, write: bool) -> tuple[Any, int]:
+        """Execute on a pooled driver connection: (the first row, or None for a write; the
+        rows changed). A write is committed; whatever else goes back to the pool, where its
+        transaction is rolled back."""
         conn = self.engine.raw_connection()
         try:
             cursor = conn.cursor()
             try:
                 cursor.execute(hot.sql, hot.args(params))
+                row = None if write else cursor.fetchone()
                 changed = int(cursor.rowcount)
             finally:
                 cursor.close()
-            conn.commit()
+            if write:
+                conn.commit()
         finally:
-            conn.close()  # back to the pool (rolled back if the commit never happened)
-        return changed
+            conn.close()
+        return row, changed
 
     def insert_new(self, table: Table, key: Column[Any]) -> Insert:
         """An INSERT into ``table`` that skips a row whose ``key`` (unique) exists already:

@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 from cluster_helpers import make_state_dir, remove_state_dir
+from sqlalchemy import event
 
 from shellbox.app import create_app
 from shellbox.cli import main
@@ -262,6 +263,42 @@ async def test_a_call_cites_what_the_other_replica_indexed_while_it_ran(
         quiet = await shell(a.http, c.id, "cat new.txt old.txt")
         assert quiet.status_code == 200 and quiet.json()["files"] == []
     finally:
+        await a.sdk.containers.delete(c.id)
+
+
+async def test_a_call_reads_the_containers_file_rows_once(cluster: Cluster) -> None:
+    """A call on a replica reads the container's index rows once (its change mark), and its
+    sync at the end compares the listing with those rows rather than reading them again
+    (an upsert still reads back the one row it wrote); what it wrote is still cited, and the
+    rows say what the directory holds."""
+    a = cluster.a
+    c = await a.sdk.containers.create(name="one-read")
+    reads: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        """The reads of all the container's rows (not an upsert's read-back of its one row)."""
+        where = statement.partition("WHERE")[2]
+        whole = where.count("=") == 1 and "container_id =" in where and c.id in str(params)
+        if statement.startswith("SELECT") and "FROM container_files" in statement and whole:
+            reads.append(statement)
+
+    engine = a.services.db.engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for command, cited in (
+            ("echo one > one.txt", ["one.txt"]),
+            ("echo two > two.txt; rm one.txt", ["two.txt"]),
+            ("cat two.txt", []),
+        ):
+            reads.clear()
+            r = await shell(a.http, c.id, command)
+            assert r.status_code == 200, r.text
+            assert [f["filename"] for f in r.json()["files"]] == cited
+            assert len(reads) == 1, reads
+        rows = a.services.stores.container_files.for_container(c.id)
+        assert sorted(f.path for f in rows) == ["two.txt"]
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
         await a.sdk.containers.delete(c.id)
 
 

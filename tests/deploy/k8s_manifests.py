@@ -19,6 +19,10 @@ from typing import Any
 
 import kubernetes_validate
 import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from shellbox.settings import Settings
 
 KUSTOMIZATION = "kustomization.yaml"
 HANDLED = frozenset({"apiVersion", "kind", "resources", "namespace"})
@@ -233,4 +237,127 @@ def reference_errors(manifests: list[Manifest]) -> list[str]:
             selector = m["spec"].get("podSelector") or m["spec"].get("selector") or {}
             if not any(matches(selector, o.labels) for o in owners):
                 errors.append(f"{name}: its selector matches no pods")
+    return errors
+
+
+ENV_PREFIX = "SHELLBOX_"
+# The settings naming a file shellbox reads only if no one but its owner can (mode 0600 or
+# stricter: sandbox/remote.py read_private_file, egress/sealing.py).
+PRIVATE_FILES = frozenset({"cluster.key_file", "cluster.tls_key_file", "egress.secrets_key_file"})
+SECRET_FILE_MODE = 0o644  # a Secret volume's defaultMode when it sets none
+
+
+def setting_of(env_name: str) -> tuple[str, FieldInfo] | None:
+    """The setting an environment variable sets (``SHELLBOX_<SECTION>__<KEY>``), as
+    ``section.key`` and its field; None if it names none (or names a whole section)."""
+    if not env_name.startswith(ENV_PREFIX):
+        return None
+    parts = env_name.removeprefix(ENV_PREFIX).lower().split("__")
+    model: type[BaseModel] | None = Settings
+    field = None
+    for part in parts:
+        if model is None:
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation if is_section else None
+    if model is not None or field is None:
+        return None
+    return ".".join(parts), field
+
+
+def container_settings(
+    container: dict[str, Any], config_maps: dict[str, dict[str, str]]
+) -> dict[str, str | None]:
+    """The ``SHELLBOX_*`` variables a container gets: their literal values, None for those
+    from a Secret or the pod's fields."""
+    out: dict[str, str | None] = {}
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef")
+        if ref:
+            out.update(config_maps.get(ref["name"], {}))
+    for env in container.get("env", []):
+        out[env["name"]] = env.get("value")
+    return {k: v for k, v in out.items() if k.startswith(ENV_PREFIX)}
+
+
+def mounted_item(
+    pod: dict[str, Any], container: dict[str, Any], path: str
+) -> tuple[dict[str, Any], int] | None:
+    """The Secret or ConfigMap volume item that is file ``path`` in the container, and the
+    mode the kubelet gives it; None if no such volume item is there."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if not path.startswith(prefix):
+            continue
+        volume = volumes.get(mount["name"], {})
+        source = volume.get("secret") or volume.get("configMap")
+        if source is None:
+            continue
+        rel = path.removeprefix(prefix)
+        for item in source.get("items", []):
+            if item["path"] == rel:
+                return item, item.get("mode", source.get("defaultMode", SECRET_FILE_MODE))
+    return None
+
+
+def setting_errors(manifests: list[Manifest]) -> list[str]:
+    """What the settings the pods are given get wrong, which neither the schemas nor
+    ``reference_errors`` see: a ``SHELLBOX_*`` variable that is no setting; a file setting
+    (``*_file``) naming a path no mounted Secret item is; a private one (a key) that the
+    process could not take (mode readable by group or others, an ``fsGroup``, which makes the
+    files group-readable, or a non-root user, who cannot read root's 0400 file); a node
+    serving TLS whose probes speak plain HTTP."""
+    errors = []
+    config_maps = {
+        m["metadata"]["name"]: dict(m.get("data") or {})
+        for m in manifests
+        if m.get("kind") == "ConfigMap"
+    }
+    for owner in (PodOwner(m) for m in manifests if m.get("kind") in WORKLOADS):
+        pod = owner.pod
+        pod_security = pod["spec"].get("securityContext") or {}
+        init = {c["name"] for c in pod["spec"].get("initContainers", [])}
+        for container in owner.containers():
+            where = f"{owner.name} container {container['name']}"
+            user = (container.get("securityContext") or {}).get(
+                "runAsUser", pod_security.get("runAsUser", 0)
+            )
+            values = container_settings(container, config_maps)
+            if container["name"] in init:
+                # A one-off command (the node's `shellbox image build`) that opens no key:
+                # the file settings the ConfigMap gives every pod are not its own to mount.
+                own = {e["name"] for e in container.get("env", [])}
+                values = {k: v for k, v in values.items() if k in own or setting_of(k) is None}
+            for name, value in sorted(values.items()):
+                found = setting_of(name)
+                if found is None:
+                    errors.append(f"{where}: {name} is no setting (src/shellbox/settings.py)")
+                    continue
+                setting, _ = found
+                if not setting.endswith("_file") or value is None:
+                    continue
+                mounted = mounted_item(pod, container, value)
+                if mounted is None:
+                    errors.append(f"{where}: {name}={value}: no mounted Secret item is there")
+                    continue
+                _, mode = mounted
+                if setting in PRIVATE_FILES:
+                    if mode & 0o077:
+                        errors.append(f"{where}: {value} ({setting}) is mode {mode:04o}")
+                    if "fsGroup" in pod_security:
+                        errors.append(f"{where}: fsGroup makes {value} ({setting}) readable")
+                    if user != 0:
+                        errors.append(f"{where}: uid {user} cannot read {value} ({setting})")
+                elif user != 0 and not mode & 0o004:
+                    errors.append(f"{where}: uid {user} cannot read {value} ({setting})")
+            if values.get("SHELLBOX_CLUSTER__TLS_CERT_FILE"):
+                for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                    get = (container.get(probe) or {}).get("httpGet")
+                    if get and get.get("scheme", "HTTP") != "HTTPS":
+                        errors.append(f"{where}: serves https, but its {probe} speaks http")
     return errors

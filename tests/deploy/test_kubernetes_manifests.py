@@ -14,6 +14,7 @@ from k8s_manifests import (
     referenced_files,
     render,
     schema_errors,
+    setting_errors,
 )
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -74,6 +75,29 @@ def test_names_meet() -> None:
     assert reference_errors(everything()) == []
 
 
+def container(kind: str) -> dict:
+    workload = next(m for m in render(ROOT) if m["kind"] == kind)
+    return dict(workload["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_the_nodes_serve_tls_and_the_replicas_check_it() -> None:
+    """The node serves https with the Secret's certificate and key and advertises an https
+    URL; the replicas check it against the Secret's CA. Every setting the pods get exists, and
+    the files they name are mounted, keys at a mode the node takes (setting_errors); a node
+    serving with them: test_kubernetes_node_tls.py."""
+    assert setting_errors(everything()) == []
+    node, api = container("DaemonSet"), container("Deployment")
+    node_env = {e["name"]: e.get("value") for e in node["env"]}
+    assert node_env["SHELLBOX_CLUSTER__TLS_CERT_FILE"] == "/etc/shellbox/tls/tls.crt"
+    assert node_env["SHELLBOX_CLUSTER__TLS_KEY_FILE"] == "/etc/shellbox/tls/tls.key"
+    (advertise,) = [a for a in node["args"] if a.startswith("--advertise=")]
+    assert advertise.startswith("--advertise=https://")
+    assert node["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    api_env = {e["name"]: e.get("value") for e in api["env"]}
+    assert api_env["SHELLBOX_CLUSTER__NODE_CA_FILE"] == "/etc/shellbox/node-ca/ca.crt"
+    assert "SHELLBOX_CLUSTER__TLS_KEY_FILE" not in api_env
+
+
 def test_only_the_api_reaches_the_nodes() -> None:
     policy = next(
         m for m in render(ROOT) if m["kind"] == "NetworkPolicy" and "node" in m["metadata"]["name"]
@@ -123,6 +147,24 @@ BREAKAGES = {
         "references",
     ),
     "unknown secret key": ("base/api-deployment.yaml", "key: url", "key: uri", "references"),
+    "misspelt setting": (
+        "base/node-daemonset.yaml",
+        "name: SHELLBOX_CLUSTER__TLS_CERT_FILE",
+        "name: SHELLBOX_CLUSTER__TLS_CERTFILE",
+        "settings",
+    ),
+    "setting names no mounted file": (
+        "base/api-deployment.yaml",
+        "value: /etc/shellbox/node-ca/ca.crt",
+        "value: /etc/shellbox/node-ca/ca.pem",
+        "settings",
+    ),
+    "node key readable by its group": (
+        "base/node-daemonset.yaml",
+        "secretName: shellbox-node-tls\n            defaultMode: 0400",
+        "secretName: shellbox-node-tls\n            defaultMode: 0440",
+        "settings",
+    ),
     "unhandled kustomize field": (
         "base/kustomization.yaml",
         "namespace: shellbox",
@@ -149,7 +191,10 @@ def test_a_broken_copy_fails(name: str, tmp_path: Path) -> None:
     manifests = everything(copy)
     if check == "schema":
         errors = schema_errors(manifests)
-    else:
+    elif check == "references":
         assert schema_errors(manifests) == []
         errors = reference_errors(manifests)
+    else:
+        assert schema_errors(manifests) == [] and reference_errors(manifests) == []
+        errors = setting_errors(manifests)
     assert errors, f"{name} was not caught"

@@ -42,6 +42,7 @@ import pg_helpers as postgres
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, hostns
 from shellbox.sandbox.remote import RemoteRuntime
+from tls_helpers import make_tls
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENT = REPO / "deploy" / "kubernetes" / "base" / "api-deployment.yaml"
@@ -168,7 +169,7 @@ def node_args(container: dict, port: int, state: Path) -> list[str]:
     listening on this host's loopback, with a state directory of the test's own."""
     own = {
         "--listen": f"--listen=127.0.0.1:{port}",
-        "--advertise": f"--advertise=http://127.0.0.1:{port}",
+        "--advertise": f"--advertise=https://127.0.0.1:{port}",
         "--name": "--name=test-node",
         "--state-dir": f"--state-dir={state}",
     }
@@ -177,7 +178,10 @@ def node_args(container: dict, port: int, state: Path) -> list[str]:
 
 def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> None:
     """`shellbox node`, run as the DaemonSet runs it, answers /healthz without the key and
-    runs a real sandbox (uid 1000, its btrfs disk with a quota) for a caller with the key."""
+    runs a real sandbox (uid 1000, its btrfs disk with a quota) for a caller with the key,
+    over https with the certificate and key of the Secret shellbox-node-tls, mounted and set
+    as the DaemonSet mounts and sets them (the certificate names 127.0.0.1 here, where the
+    pod's names its DNS name: test_kubernetes_node_tls.py checks that one)."""
     daemonset = yaml.safe_load(DAEMONSET.read_text())
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -197,6 +201,22 @@ def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> 
     (key_dir / "cluster-key").write_text(key)
     (key_dir / "cluster-key").chmod(0o400)
     volumes = [f"{key_dir}:{mounts['keys']}:ro"] if "keys" in mounts else []
+    tls = make_tls(tmp_path)
+    secret = {"tls.crt": tls.cert.read_bytes(), "tls.key": tls.key.read_bytes()}
+    for volume in pod["volumes"]:  # the Secret shellbox-node-tls's items, as the kubelet writes
+        if volume.get("secret", {}).get("secretName") == "shellbox-node-tls":
+            tls_dir = tmp_path / volume["name"]
+            tls_dir.mkdir()
+            for item in volume["secret"]["items"]:
+                (tls_dir / item["path"]).write_bytes(secret[item["key"]])
+                (tls_dir / item["path"]).chmod(volume["secret"]["defaultMode"])
+            volumes.append(f"{tls_dir}:{mounts[volume['name']]}:ro")
+    settings = [  # the DaemonSet's own SHELLBOX_* variables (the TLS files)
+        f"--env={e['name']}={e['value']}"
+        for e in container["env"]
+        if e["name"].startswith("SHELLBOX_") and "value" in e
+    ]
+    assert len(settings) == 2
     for mount in container["volumeMounts"]:
         if mount["name"] == "state":
             volumes.append(f"{state}:{state}")
@@ -212,6 +232,7 @@ def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> 
         "--env=SHELLBOX_RUNTIME__IMAGE_DIR=/images",
         "--env=SHELLBOX_RUNTIME__IMAGE_PROFILE=minimal",
         "--env=SHELLBOX_STORAGE__SIZE_GB=2",
+        *settings,
         "--entrypoint", container["command"][0],
         image, *node_args(container, port, state),
     ]  # fmt: skip
@@ -221,13 +242,14 @@ def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> 
         deadline = time.monotonic() + STARTUP_S
         while True:
             try:
-                answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                # As the kubelet's probe asks (scheme HTTPS, the certificate not checked).
+                answer = httpx.get(f"https://127.0.0.1:{port}/healthz", timeout=5, verify=False)
                 break
             except httpx.TransportError:
                 assert time.monotonic() < deadline, f"no answer in {STARTUP_S} s: " + logs(name)
                 time.sleep(0.5)
         assert answer.status_code == 200, answer.text
-        uid, disk = asyncio.run(run_on_node(f"http://127.0.0.1:{port}", key))
+        uid, disk = asyncio.run(run_on_node(f"https://127.0.0.1:{port}", key, tls.ca))
         assert uid == ["1000"]
         assert disk[0] == "btrfs"  # the per-container subvolume on the loop device
     finally:
@@ -238,9 +260,9 @@ def test_node_role_from_the_image_runs_a_sandbox(image: str, tmp_path: Path) -> 
         shutil.rmtree(state, ignore_errors=True)
 
 
-async def run_on_node(url: str, key: str) -> tuple[list[str], list[str]]:
+async def run_on_node(url: str, key: str, ca: Path) -> tuple[list[str], list[str]]:
     """Through the Runtime protocol, as an API replica does: a container's user and disk."""
-    runtime = RemoteRuntime(url, key, name="test-node")
+    runtime = RemoteRuntime(url, key, name="test-node", ca_file=ca)
     cid = new_id("cntr_")
     try:
         await runtime.create(ContainerSpec(id=cid))

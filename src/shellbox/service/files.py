@@ -37,10 +37,10 @@ FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "eva
 @dataclass(frozen=True)
 class ChangeMark:
     """Where a call started, for ``FileService.changed_since``: this process's change count,
-    and with a shared index the container's rows then (path -> (mtime_ns, bytes))."""
+    and with a shared index the container's rows then, by path."""
 
     seq: int
-    rows: dict[str, tuple[int, int]] | None = None
+    rows: dict[str, ContainerFileRecord] | None = None
 
 
 def _check_size(size: int, cap: int) -> None:
@@ -303,16 +303,23 @@ class FileService(ContainerFeature):
         self._changed_at.setdefault(cid, {})[rel] = self._change_seq
         return record
 
-    async def sync(self, cid: str) -> list[ContainerFileRecord]:
+    async def sync(
+        self, cid: str, *, rows: dict[str, ContainerFileRecord] | None = None
+    ) -> list[ContainerFileRecord]:
         """Bring the index in line with the data directory; returns files changed since.
 
         One listing per container at a time, so a slow old one never undoes a newer one.
+        With a shared index the listing is compared with the container's rows: ``rows`` when
+        the caller read them already (a call's ``change_mark``), else read again here.
         """
         lock = self._scan_locks.setdefault(cid, asyncio.Lock())
         async with lock:
             found = await self.containers.runtime.list_files(cid)
             if self.shared_index:
-                self._known.pop(cid, None)  # read again from the rows
+                if rows is None:
+                    self._known.pop(cid, None)  # read again from the rows
+                else:
+                    self._known[cid] = dict(rows)
             return self._apply_scan(cid, found)
 
     def _apply_scan(self, cid: str, found: list[FileInfo]) -> list[ContainerFileRecord]:
@@ -339,22 +346,34 @@ class FileService(ContainerFeature):
 
         One process indexing alone counts its own changes (no query). API replicas share the
         index, and another replica's listing may index a file while this replica's call
-        runs, so that its own sync at the end finds nothing new: the mark is then what the
-        rows said at the start (one query), and the call cites what differs from it."""
+        runs, so that a sync at the end that read the rows again would find nothing new: the
+        mark is then what the rows said at the start (one query), and the call cites what
+        differs from it."""
         if not self.shared_index:
             return ChangeMark(self._change_seq)
         rows = self.index_store.for_container(cid)
-        return ChangeMark(self._change_seq, {r.path: (r.mtime_ns, r.bytes) for r in rows})
+        return ChangeMark(self._change_seq, {r.path: r for r in rows})
 
     async def changed_since(self, cid: str, mark: ChangeMark) -> list[ContainerFileRecord]:
         """Files under /mnt/data the index saw created or changed after ``mark`` (from
         ``change_mark``), newest first: what this sync finds changed (even with an old mtime,
-        as ``cp -p`` or ``tar x`` leave), plus what a concurrent sync already indexed."""
-        await self.sync(cid)
+        as ``cp -p`` or ``tar x`` leave), plus what a concurrent sync already indexed.
+
+        With a shared index the sync starts from the mark's rows rather than reading them
+        again (one read per call, not two): a file another replica indexed meanwhile differs
+        from the mark, so this sync writes its row again (an upsert that keeps its id) and
+        cites it. What that costs: a file another replica indexed during the call and that
+        is gone again by this sync keeps its row until the next sync that reads the rows (the
+        next call's, or a listing's)."""
+        await self.sync(cid, rows=mark.rows)
         known = self._known_files(cid)
         if mark.rows is not None:
             before = mark.rows
-            found = [f for p, f in known.items() if before.get(p) != (f.mtime_ns, f.bytes)]
+            found = [
+                f
+                for p, f in known.items()
+                if p not in before or (before[p].mtime_ns, before[p].bytes) != (f.mtime_ns, f.bytes)
+            ]
         else:
             stamps = self._changed_at.get(cid, {})
             found = [known[p] for p, seq in stamps.items() if seq > mark.seq and p in known]

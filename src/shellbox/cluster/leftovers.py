@@ -3,8 +3,8 @@ replica that died between the node taking a snapshot and its row being written l
 and so does a delete cut off by a crash. One server sweeps its own at start
 (``SnapshotService.sweep``); a cluster's reaper lease holder sweeps each node that is up, once
 per registration of it (its start, or its return after a restart: what the database lost
-track of meanwhile is found then), and once it holds the lease (the previous holder may have
-died half-way).
+track of meanwhile is found then); each replica sweeps every node the first time it holds the
+lease (the previous holder may have died half-way through a sweep).
 
 A snapshot being taken right now is on its node before its row is written: one placed less
 than ``GRACE_S`` ago is kept, and its node is looked at again once it is old enough. A node

@@ -376,20 +376,23 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        cleared = True
-        if not args.keep and cluster.key_file.exists():
-            try:
+        # A container that could not be destroyed keeps the directory (and the error is
+        # raised, with its cause): removing it under running containers leaks them for good.
+        cleared = False
+        try:
+            if not args.keep and cluster.key_file.exists():
                 cluster.destroy_sandboxes()
-            except Exception as exc:  # (said, and the directory kept: nothing is lost)
-                cleared = False
-                print(f"cluster.sh: {exc}; keeping {root}", file=sys.stderr)
-        cluster.stop()
-        if not args.keep and cleared:
-            for child in cluster.children.values():
-                if child.name.startswith("node"):
-                    _unmount_disks(root / child.name)
-            shutil.rmtree(root, ignore_errors=True)
-        print("cluster.sh: stopped", flush=True)
+            cleared = True
+        finally:
+            cluster.stop()
+            if not args.keep and cleared:
+                for child in cluster.children.values():
+                    if child.name.startswith("node"):
+                        _unmount_disks(root / child.name)
+                shutil.rmtree(root, ignore_errors=True)
+            elif not args.keep:
+                print(f"cluster.sh: containers are left; keeping {root}", file=sys.stderr)
+            print("cluster.sh: stopped", flush=True)
 
 
 def _unmount_disks(state: Path) -> None:

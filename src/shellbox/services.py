@@ -16,6 +16,7 @@ from typing import Any
 
 from shellbox.cluster import ClusterRuntime, Connect, Lease
 from shellbox.cluster.doomed import DoomedSweep
+from shellbox.cluster.leftovers import SnapshotLeftoverSweep
 from shellbox.egress.network import EgressNetwork
 from shellbox.egress.service import EgressService
 from shellbox.egress.service import install as install_egress
@@ -217,6 +218,8 @@ def _compose(
     containers.attach(snapshots)  # (its housekeeping: expiry)
     if isinstance(runtime, ClusterRuntime):
         containers.attach(DoomedSweep(runtime))  # deleted while their node was away
+        # stored on a node with no row (a replica died while taking them)
+        containers.attach(SnapshotLeftoverSweep(runtime, stores.snapshots))
     pty = PtyService(containers, settings.limits.max_ptys_per_container)
     containers.attach(pty)
     responses = ResponsesService(

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlalchemy import delete, update
 
 from cluster_lane import (
     NODE_TIMEOUT_S,
@@ -26,6 +27,7 @@ from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 from shellbox.store import NodeStore, create_database
 from shellbox.store.containers import SqlContainerStore
 from shellbox.store.nodes import SqlNodeStore
+from shellbox.store.tables import placements, snapshots
 
 MIB = 1 << 20
 WRITE_6M = "head -c 6291456 /dev/urandom > /mnt/data/blob && sha256sum /mnt/data/blob"
@@ -378,3 +380,60 @@ def test_a_container_deleted_while_its_node_is_lost_is_gone_once_the_node_is_bac
     held, stored = on_node(local_cluster, 1)
     assert doomed.id not in held and snap not in stored
     front.containers.delete(kept.id)
+
+
+def test_snapshots_a_node_stores_without_a_row_are_swept_once_it_is_back(
+    local_cluster: Any, nodes: Any
+) -> None:
+    """What a replica that died while taking a snapshot leaves on the node (stored, placed,
+    no row), and a stored snapshot the database has no trace of at all, are removed from the
+    node by the reaper lease holder once the node is back; a listed snapshot stays, and so
+    does one placed too recently to judge (it may be being taken)."""
+    key = local_cluster.shellbox("keys", "create", "--project", "leftovers")
+    db = create_database(local_cluster.database_url)
+    try:
+        with client(local_cluster.root_url, key) as http:
+            cid = ok(http.post("/v1/containers", json={"name": "leftovers"}))["id"]
+            home = int(node_of(nodes, cid)[-1])
+            listed, placed_only, unknown, young = (
+                ok(http.post(f"/v1/containers/{cid}/snapshots"))["id"] for _ in range(4)
+            )
+            with db.begin() as conn:  # the rows the crash never wrote, or a lost database
+                gone = [placed_only, unknown, young]
+                conn.execute(delete(snapshots).where(snapshots.c.id.in_(gone)))
+                conn.execute(delete(placements).where(placements.c.id == unknown))
+                conn.execute(
+                    update(placements)
+                    .where(placements.c.id == placed_only)
+                    .values(created_at_ms=placements.c.created_at_ms - 3_600_000)
+                )
+            time.sleep(2)  # several reaper rounds: nothing is swept while the node runs on
+            assert {listed, placed_only, unknown, young} <= on_node(local_cluster, home)[1]
+            local_cluster.node(home).kill()
+            local_cluster.node(home).start()
+
+            def swept() -> bool:
+                return not {placed_only, unknown} & on_node(local_cluster, home)[1]
+
+            assert wait_until(swept, 20, step_s=0.5)
+            assert {listed, young} <= on_node(local_cluster, home)[1]
+            assert nodes.node_of(placed_only) is None
+            assert nodes.node_of(young) is not None
+            fork = ok(http.post("/v1/containers", json={"name": "f", "snapshot_id": listed}))
+            assert stdout(shell(http, fork["id"], "echo forked")) == "forked\n"
+            ok(http.delete(f"/v1/containers/{fork['id']}"))
+            ok(http.delete(f"/v1/snapshots/{listed}"))
+            ok(http.delete(f"/v1/containers/{cid}"))
+    finally:
+        db.dispose()
+
+    async def remove_young() -> None:
+        url = str(local_cluster.node(home).health_url).removesuffix("/healthz")
+        node = RemoteRuntime(url, load_cluster_key(local_cluster.key_file))
+        try:
+            await node.delete_snapshot(young)
+        finally:
+            await node.aclose()
+
+    asyncio.run(remove_young())
+    nodes.unplace(young)

@@ -287,22 +287,44 @@ backend replicas
         return child
 
     def destroy_sandboxes(self) -> None:
-        """Destroy every container the running nodes hold, through their own API (before a
-        ``stop`` that is followed by removing the directory: a stopped node leaves its
-        containers as they are, to take them back when it starts again)."""
+        """Destroy every container of every node (before a ``stop`` that is followed by
+        removing the directory: a stopped node leaves its containers as they are, to take
+        them back when it starts again). A running node destroys its own, through its API;
+        for a node that is not running (killed, or it exited) its own runtime does it over
+        its state directory (``shellbox.cluster.teardown``): else its containers' processes
+        and cgroups would outlive the directory. Raises when one could not be destroyed,
+        before anything is removed."""
         import asyncio
 
         from shellbox.sandbox.remote import RemoteRuntime, load_cluster_key
 
         async def clear(url: str, key: str) -> None:
             node = RemoteRuntime(url, key)
-            for info in await node.list():
-                await node.destroy(info.id)
+            try:
+                for info in await node.list():
+                    await node.destroy(info.id)
+            finally:
+                await node.aclose()
 
         key = load_cluster_key(self.key_file)
         for name, child in self.children.items():
-            if name.startswith("node") and child.alive() and child.health_url:
+            if not name.startswith("node"):
+                continue
+            if child.alive() and child.health_url:
                 asyncio.run(clear(child.health_url.removesuffix("/healthz"), key))
+            elif (self.root / name).is_dir():
+                self._destroy_left(child)
+
+    def _destroy_left(self, node: Child) -> None:
+        argv = [sys.executable, "-m", "shellbox.cluster.teardown", str(self.root / node.name)]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env={**os.environ, **node.env}, check=False
+        )
+        with open(node.log_path, "a") as log:  # what it destroyed, with the node's own log
+            log.write(done.stdout + done.stderr)
+        if done.returncode != 0:
+            msg = f"destroying the containers {node.name} left failed: {done.stderr[-2000:]}"
+            raise RuntimeError(msg)
 
     def stop(self) -> None:
         """Everything, front first; PostgreSQL last (the others deregister through it)."""
@@ -354,15 +376,23 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        if not args.keep and cluster.key_file.exists():
-            cluster.destroy_sandboxes()
-        cluster.stop()
-        if not args.keep:
-            for child in cluster.children.values():
-                if child.name.startswith("node"):
-                    _unmount_disks(root / child.name)
-            shutil.rmtree(root, ignore_errors=True)
-        print("cluster.sh: stopped", flush=True)
+        # A container that could not be destroyed keeps the directory (and the error is
+        # raised, with its cause): removing it under running containers leaks them for good.
+        cleared = False
+        try:
+            if not args.keep and cluster.key_file.exists():
+                cluster.destroy_sandboxes()
+            cleared = True
+        finally:
+            cluster.stop()
+            if not args.keep and cleared:
+                for child in cluster.children.values():
+                    if child.name.startswith("node"):
+                        _unmount_disks(root / child.name)
+                shutil.rmtree(root, ignore_errors=True)
+            elif not args.keep:
+                print(f"cluster.sh: containers are left; keeping {root}", file=sys.stderr)
+            print("cluster.sh: stopped", flush=True)
 
 
 def _unmount_disks(state: Path) -> None:

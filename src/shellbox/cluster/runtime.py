@@ -9,7 +9,9 @@ A container whose node is lost or stopped answers ``NodeUnavailable`` (503) at o
 trying the node: it stays listed, and works again with its files when the node is back. One
 deleted meanwhile is not kept waiting for it: its placement is marked doomed and the delete
 succeeds; the reaper lease holder removes it from its node once the node is back
-(``destroy_doomed``). Snapshots likewise.
+(``destroy_doomed``). Snapshots likewise. A stored snapshot the database does not know at all
+(a replica died between the node taking it and its row being written) is removed by the
+reaper lease holder's sweep of each node (``remove_snapshot_leftovers``, ``leftovers.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -87,6 +90,16 @@ def unavailable(item: str, node: NodeRecord) -> NodeUnavailable:
         "again once that node is back"
     )
     return NodeUnavailable(msg, param="container_id")
+
+
+@dataclass(frozen=True)
+class LeftoverSweep:
+    """What one sweep of a node's stored snapshots did."""
+
+    removed: list[str]
+    # A snapshot too young to judge (being taken, perhaps) is kept: look again in this long
+    # (None: nothing was kept for its age).
+    recheck_in_ms: int | None
 
 
 class ClusterRuntime:
@@ -262,6 +275,41 @@ class ClusterRuntime:
                 log.info("doomed %s %s removed from node %s", kind, item_id, node.name)
                 removed += 1
         return removed
+
+    async def remove_snapshot_leftovers(
+        self, node: NodeRecord, listed: Callable[[], Iterable[str]], grace_ms: int
+    ) -> LeftoverSweep:
+        """Delete from ``node`` the stored snapshots with no listed row (``listed``: the
+        database's ids), as one server's ``SnapshotService.sweep`` does at start. Kept: a
+        listed one; one doomed (``destroy_doomed``'s); one placed less than ``grace_ms``
+        ago, which may be being taken right now (its row is written once the node has it).
+
+        The node is asked first, the database after: a snapshot is placed before its node
+        takes it, so any snapshot the node lists that is not placed, or placed long ago
+        without a row, is provably nobody's (one deleted meanwhile is deleted again: a
+        no-op)."""
+        client = self._client(node)
+        stored = await client.snapshot_ids()
+        known = set(listed())
+        placed = {p.id: p for p in self.nodes.placements(node.name)}
+        removed: builtins.list[str] = []
+        young: builtins.list[int] = []
+        for sid in stored:
+            if sid in known:
+                continue
+            placement = placed.get(sid)
+            if placement is not None:
+                if placement.kind != "snapshot":
+                    continue  # doomed: removed by ``destroy_doomed``
+                if placement.age_ms < grace_ms:
+                    young.append(grace_ms - placement.age_ms)
+                    continue
+            await client.delete_snapshot(sid)
+            if placement is not None:
+                self.nodes.unplace(sid)
+            log.info("leftover snapshot %s removed from node %s", sid, node.name)
+            removed.append(sid)
+        return LeftoverSweep(removed, min(young) if young else None)
 
     async def state(self, container_id: str) -> SandboxState:
         return await self._route(container_id).state(container_id)

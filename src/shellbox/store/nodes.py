@@ -78,6 +78,15 @@ class NodeLoad:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """A container or snapshot placed on a node, as the sweep of its leftovers sees it."""
+
+    id: str
+    kind: str  # a PlacementKind, or its DOOMED kind
+    age_ms: int  # since it was placed, by the database's clock
+
+
+@dataclass(frozen=True)
 class Refused:
     """Why nothing was placed: no node is available, or none has room."""
 
@@ -103,6 +112,7 @@ class NodeStore(Protocol):
     def unplace(self, item_id: str) -> None: ...
     def placed(self, node: str, kind: PlacementKind) -> list[str]: ...
     def doom(self, item_id: str) -> None: ...
+    def placements(self, node: str) -> list[Placement]: ...
     def doomed(self, node: str) -> list[tuple[str, PlacementKind]]: ...
 
 
@@ -262,6 +272,17 @@ class SqlNodeStore:
                     .order_by(placements.c.created_at_ms, placements.c.id)
                 )
             )
+
+    def placements(self, node: str) -> list[Placement]:
+        """Everything placed on ``node``, doomed or not, with its age."""
+        with self.db.connect() as conn:
+            at = now_ms(conn)
+            rows = conn.execute(
+                select(placements.c.id, placements.c.kind, placements.c.created_at_ms).where(
+                    placements.c.node == node
+                )
+            ).all()
+        return [Placement(r.id, r.kind, max(0, at - r.created_at_ms)) for r in rows]
 
     def doom(self, item_id: str) -> None:
         """Deleted while its node is unavailable: removed from there once it is back."""

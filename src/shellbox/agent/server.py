@@ -1741,9 +1741,7 @@ class Agent:
             # period (10-30 ms when the machine is quiet), and forked any later, a call that
             # follows the last one by about that long found it still waiting, and waited with
             # it. A burst starts its commands by spawn and leaves the spare alone.
-            if self.spare is None and (
-                not self.commands or now - self.last_move > BURST_WINDOW_S
-            ):
+            if self.spare is None and (not self.commands or now - self.last_move > BURST_WINDOW_S):
                 self.make_spare()
             if now - last_sweep > 5 and self.retired:
                 last_sweep = now

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from api_helpers import host_pids, shell, wait_until
+from api_helpers import WAIT_S, host_pids, shell, wait_until
 
 
 def container_init_pid(pid: int) -> int:
@@ -22,11 +22,6 @@ def container_init_pid(pid: int) -> int:
         if fields["NSpid"].split()[-1] == "1":
             return pid
         pid = int(fields["PPid"])
-
-
-# Bounds for waits on the kernel and the server, which a loaded host (load average 100-400)
-# can stretch to tens of seconds; each wait ends as soon as its condition holds.
-WAIT_S = 60
 
 
 def exited(pid: int) -> bool:

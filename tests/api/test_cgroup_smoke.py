@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_helpers import host_pids, shell, wait_until
+from api_helpers import WAIT_S, host_pids, shell, wait_until
 
 from shellbox.agent.protocol import OOM_NOTE
 from shellbox.sandbox.cgroups import detect_mode
@@ -95,7 +95,7 @@ def test_a_container_life_through_every_cgroup_feature(short: Any) -> None:
     out = item["output"][0]
     assert out["outcome"] == {"type": "timeout"}
     assert out["stdout"] == "started\n"
-    assert wait_until(lambda: not host_pids(f"sleep {marker}"), 10), host_pids(marker)
+    assert wait_until(lambda: not host_pids(f"sleep {marker}"), WAIT_S), host_pids(marker)
 
     # The memory limit kills the command that overran it, says so, and spares the agent.
     alloc = "python3 -c 'b = bytearray(2048 * 1024 * 1024); print(len(b))'"

@@ -243,10 +243,10 @@ def test_removal_kills_what_is_left_in_a_containers_cgroups(
         if frozen:
             _freeze(freezer / "stray", v2)
         try:
-            cgroups.remove(cid, timeout_s=5)
+            cgroups.remove(cid)
         except OSError as exc:
             pytest.fail(f"removing the cgroups of a container with a {frozen=} leftover: {exc!r}")
-        assert stray.wait(timeout=5) == -signal.SIGKILL
+        assert stray.wait(timeout=WAIT_S) == -signal.SIGKILL
         assert not any(top.exists() for top in tops)
     finally:
         # Whatever happened: thaw the stray (a frozen one outlives SIGKILL, and waiting for
@@ -263,7 +263,7 @@ def test_removal_kills_what_is_left_in_a_containers_cgroups(
 def _freeze(group: Path, v2: bool) -> None:
     """Freeze one cgroup from the host, and wait until the kernel says it is frozen."""
     (group / _FREEZE_CONTROL[v2]).write_text("1" if v2 else "FROZEN")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + WAIT_S
     while True:
         if v2 and "frozen 1" in (group / "cgroup.events").read_text():
             return

@@ -124,7 +124,7 @@ async def test_a_cgroup_whose_command_was_killed_is_reused_empty_and_thawed(
         killed = await run1(
             runtime,
             container,
-            "cat /proc/self/cgroup; (setsid sleep 300 &); sleep 300 & echo armed; sleep 300",
+            "cat /proc/self/cgroup; (setsid sleep 3600 &); sleep 3600 & echo armed; sleep 3600",
             timeout_ms=timeout_ms,
         )
         assert killed.outcome.type == "timeout", killed

@@ -245,16 +245,19 @@ async def test_the_exec_fallback_when_the_agent_socket_is_gone(
     kept, escaper = f"sleep 6161.{os.getpid()}", f"sleep 6262.{os.getpid()}"
     await run1(runtime, container, f"({kept} &)")
     runtime.socket_path(container).unlink()
-    # The timeout must fall after the escapers started ("armed"), however slow the host (the
-    # emulated guest, a loaded one): 500 ms first, doubled until a run gets that far.
-    command, timeout_ms = f"setsid {escaper} & ({escaper} &); echo armed; sleep 3600", 500
+    # The timeout must fall after the escapers started (/tmp/armed: this path keeps no output
+    # of a timed-out command), however slow the host (the emulated guest, a loaded one):
+    # 500 ms first, doubled until a run gets that far.
+    command = f"setsid {escaper} & ({escaper} &); touch /tmp/armed; sleep 3600"
+    timeout_ms = 500
     while True:
         [timed_out] = await runtime.run(container, ExecRequest([command], timeout_ms, 100))
         assert timed_out.outcome.type == "timeout"
-        if timed_out.stdout or timeout_ms > WAIT_S * 1000:
+        armed = await run1(runtime, container, "test -e /tmp/armed && echo yes")
+        if armed.stdout == "yes\n" or timeout_ms > WAIT_S * 1000:
             break
         timeout_ms *= 2
-    assert timed_out.stdout == "armed\n", timed_out
+    assert armed.stdout == "yes\n", "the command never got as far as its escapers"
     assert await wait_gone(escaper) == []  # the setsid one and the double-forked one
     assert len(host_pids(kept)) == 1  # what ran before the call is left alone
     results = await runtime.run(container, ExecRequest(["id -u; pwd", "exit 4"], 10_000, 100))

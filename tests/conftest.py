@@ -16,6 +16,7 @@ import pytest
 import cluster_lane as lane
 import pg_helpers as postgres
 from process_helpers import (
+    START_TIMEOUT_S,
     ChildProcess,
     destroy_all_sandboxes,
     free_port,
@@ -127,7 +128,7 @@ class ServerProcess(ChildProcess):
         env.update(self.env)
         return env
 
-    def start(self, timeout_s: float = 60) -> ServerProcess:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> ServerProcess:
         self.log_path = self.state_dir / f"server-{self.port}.log"
         argv = [sys.executable, "-m", "shellbox.cli", "serve", "--state-dir",
                 str(self.state_dir), "--port", str(self.port), *self.args]  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from process_helpers import ChildProcess
+from process_helpers import START_TIMEOUT_S, ChildProcess
 from process_helpers import free_port as free_port
 from process_helpers import make_state_dir as make_state_dir
 
@@ -78,7 +78,7 @@ class NodeProcess(ChildProcess):
         env.update(self.env)
         return env
 
-    def start(self, timeout_s: float = 60) -> NodeProcess:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> NodeProcess:
         self.launch(
             self.command(),
             self.environment(),

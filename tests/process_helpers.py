@@ -25,6 +25,10 @@ from shellbox.sandbox.run_dirs import run_base_for
 from shellbox.settings import Settings
 
 IMAGE_DIR = Path(__file__).resolve().parent.parent / ".state" / "images"
+# How long a server or node may take to answer its health check after it was started: a
+# bound, not an expectation (a few seconds on a quiet host; on one at load average 100-400
+# importing the server's modules alone can take a minute).
+START_TIMEOUT_S = 180
 
 
 def free_port() -> int:

@@ -45,6 +45,13 @@ def host_pids(marker: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+# The bound of a wait for something the server, an agent or the kernel does at its own pace
+# (a process to start or die, a container to go to sleep): a wait ends as soon as its
+# condition holds, so the bound costs nothing when all is well; it only has to outlast a
+# loaded host (load average 100-400), where 5-10 s bounds failed.
+WAIT_S = 60
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

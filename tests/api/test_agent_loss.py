@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from api_helpers import host_pids, shell, wait_until
+from api_helpers import WAIT_S, host_pids, shell, wait_until
 
 
 def container_init_pid(pid: int) -> int:
@@ -24,13 +24,27 @@ def container_init_pid(pid: int) -> int:
         pid = int(fields["PPid"])
 
 
+def exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def kill_sandbox(http: httpx.Client, cid: str) -> None:
-    """Kill the container's PID 1 from the host; a background process dies with it."""
+    """Kill the container's PID 1 from the host; a background process dies with it. Returns
+    once the sandbox is dead: a namespace's init exits only after every process in it has
+    (a background process, the agent's spare fork, which may still hold the agent's listening
+    socket), so the next call finds nothing of it left."""
     marker = f"sleep {900_000 + secrets.randbelow(99_999)}"
     shell(http, cid, f"({marker} &)")
-    assert wait_until(lambda: len(host_pids(marker)) == 1, 5)
-    os.kill(container_init_pid(host_pids(marker)[0]), signal.SIGKILL)
-    assert wait_until(lambda: not host_pids(marker), 5)
+    assert wait_until(lambda: len(host_pids(marker)) == 1, WAIT_S)
+    init = container_init_pid(host_pids(marker)[0])
+    os.kill(init, signal.SIGKILL)
+    assert wait_until(lambda: exited(init), WAIT_S)
+    assert not host_pids(marker)
 
 
 def test_a_killed_sandbox_is_restarted_with_its_files(http: httpx.Client, cid: str) -> None:
@@ -58,9 +72,11 @@ def test_a_call_whose_sandbox_dies_under_it_fails_and_is_not_run_again(
     }
     with ThreadPoolExecutor(1) as pool:
         call = pool.submit(http.post, f"/v1/containers/{cid}/calls", json=body)
-        assert wait_until(lambda: len(host_pids(marker)) >= 1, 10)  # bash, then its sleep
-        os.kill(container_init_pid(host_pids(marker)[0]), signal.SIGKILL)
+        assert wait_until(lambda: len(host_pids(marker)) >= 1, WAIT_S)  # bash, then its sleep
+        init = container_init_pid(host_pids(marker)[0])
+        os.kill(init, signal.SIGKILL)
         r = call.result()
+        assert wait_until(lambda: exited(init), WAIT_S)  # the next call finds it dead
     assert r.status_code == 500, r.text
     assert r.json()["error"]["code"] == "agent_unavailable"
     # The next call starts the sandbox again; the lost command did not run a second time.

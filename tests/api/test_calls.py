@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import openai
-from api_helpers import error_of, host_pids, local_shell, shell, wait_until
+from api_helpers import WAIT_S, error_of, host_pids, local_shell, shell, wait_until
 
 
 def test_shell_call_output_item(http: httpx.Client, cid: str) -> None:
@@ -100,9 +100,13 @@ def test_a_call_cites_only_what_changed_during_it(
         assert shell(http, cid, "seq 3 > n.txt")["files"] != []
         assert shell(http, cid, "cat n.txt")["files"] == []
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(shell, http, cid, "echo slow > slow.txt; sleep 4")
-        listed = wait_until(lambda: "/mnt/data/slow.txt" in files_of(client, cid), 3, 0.05)
+        # It runs until the test lets it end (/tmp is not the workspace a call cites), not
+        # for a fixed time that a loaded host could use up before the listing.
+        wait = "until [ -e /tmp/go ]; do sleep 0.05; done"
+        slow = pool.submit(shell, http, cid, f"echo slow > slow.txt; {wait}")
+        listed = wait_until(lambda: "/mnt/data/slow.txt" in files_of(client, cid), WAIT_S, 0.05)
         assert listed and not slow.done()
+        shell(http, cid, "touch /tmp/go")
         item = slow.result()
     assert [f["filename"] for f in item["files"]] == ["slow.txt"]
 
@@ -290,10 +294,10 @@ def test_client_disconnect_kills_the_command(http: httpx.Client, cid: str) -> No
         for line in lines:
             if '"go\\n"' in line:
                 break
-        assert wait_until(lambda: bool(host_pids(marker)), 5)
+        assert wait_until(lambda: bool(host_pids(marker)), WAIT_S)
         lines.close()  # leaving the loop early closes the response: the client is gone
     # The response is closed: the command must die long before its 120 s timeout.
-    assert wait_until(lambda: not host_pids(marker), 10), host_pids(marker)
+    assert wait_until(lambda: not host_pids(marker), WAIT_S), host_pids(marker)
     # The container still works afterwards.
     assert shell(http, cid, "echo fine")["output"][0]["stdout"] == "fine\n"
 

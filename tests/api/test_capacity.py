@@ -45,7 +45,8 @@ def test_300_running_containers_every_reply_200_or_429(
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=16)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        # A reply's bound, not its expected time: under load a create can take a minute.
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
             gate = asyncio.Semaphore(6)
 
             async def one(key: str) -> None:

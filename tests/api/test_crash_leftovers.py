@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import httpx
-from api_helpers import shell, wait_until
+from api_helpers import WAIT_S, shell, wait_until
 
 
 def test_restart_removes_upload_leftovers(server_factory: Any) -> None:
@@ -33,7 +33,7 @@ def test_restart_removes_upload_leftovers(server_factory: Any) -> None:
     leftovers = [data / name for name in names]
     http2 = httpx.Client(base_url=second.root_url, headers={"authorization": "Bearer k"})
     assert not blob_tmp.exists()  # before the server answered its first request
-    assert wait_until(lambda: not any(p.exists() for p in leftovers), 10), os.listdir(data)
+    assert wait_until(lambda: not any(p.exists() for p in leftovers), WAIT_S), os.listdir(data)
     assert time.monotonic() - started < 30
     # The sandbox's own file of that name (owned by the sandbox user) is left alone, and the
     # container's files and uploads work as before.

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import openai
-from api_helpers import error_of, shell, wait_until
+from api_helpers import WAIT_S, error_of, shell, wait_until
 
 
 def key() -> dict[str, str]:
@@ -98,7 +98,11 @@ def test_a_retry_while_the_first_runs_does_not_run_it_again(http: httpx.Client, 
     item = {
         "type": "shell_call",
         "call_id": "c",
-        "action": {"commands": ["echo x >> slow.txt; sleep 2; echo done"]},
+        # Runs until the test lets it finish (not for a fixed time, which a loaded host can
+        # use up before the retry arrives).
+        "action": {
+            "commands": ["echo x >> slow.txt; until [ -e /tmp/go ]; do sleep 0.05; done; echo done"]
+        },
     }
     for url in (f"/v1/containers/{cid}/calls", f"/v1/containers/{cid}/calls?stream=true"):
         k = key()
@@ -107,12 +111,15 @@ def test_a_retry_while_the_first_runs_does_not_run_it_again(http: httpx.Client, 
             target=post_dying, args=(http, url, first), kwargs={"json": item, "headers": k}
         )
         t.start()
-        assert wait_until(lambda: "slow.txt" in shell(http, cid, "ls")["output"][0]["stdout"], 5)
+        assert wait_until(
+            lambda: "slow.txt" in shell(http, cid, "ls")["output"][0]["stdout"], WAIT_S
+        )
         busy = http.post(url, json=item, headers=k)
         assert busy.status_code == 409, busy.text
         assert error_of(busy)["code"] == "idempotency_key_in_use"
         assert busy.headers["x-should-retry"] == "true"
-        t.join(30)
+        shell(http, cid, "touch /tmp/go")
+        t.join(WAIT_S)
         again = http.post(url, json=item, headers=k)
         assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
         if "stream" in url:
@@ -125,7 +132,7 @@ def test_a_retry_while_the_first_runs_does_not_run_it_again(http: httpx.Client, 
             assert again.json() == first[0].json()
             assert first[0].json()["output"][0]["stdout"] == "done\n"
         assert count_lines(http, cid, "slow.txt") == "1"
-        shell(http, cid, "rm slow.txt")
+        shell(http, cid, "rm slow.txt /tmp/go")
 
 
 def test_expired_keys_run_again(server_factory: Any) -> None:
@@ -154,7 +161,7 @@ def test_a_create_cut_off_by_a_crash_is_not_made_twice(server_factory: Any) -> N
     )
     t.start()
     lister = httpx.Client(base_url=first.root_url, headers=auth, timeout=5)
-    assert wait_until(lambda: bool(lister.get("/v1/containers").json()["data"]), 20, 0.005)
+    assert wait_until(lambda: bool(lister.get("/v1/containers").json()["data"]), WAIT_S, 0.005)
     first.kill()
     t.join(10)
     lister.close()

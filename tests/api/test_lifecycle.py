@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_helpers import error_of, host_pids, shell, wait_until
+from api_helpers import WAIT_S, error_of, host_pids, shell, wait_until
 
 # Containers sleep after 1 s idle, the reaper looks every 0.2 s, and one expires_after minute
 # lasts 3 s (lifecycle.minute_s), so `minutes=1` expires within seconds.
@@ -41,7 +41,7 @@ def test_idle_container_sleeps_and_a_call_wakes_it(short: Any) -> None:
     c = sdk.containers.create(name="sleepy")
     shell(http, c.id, f"echo kept > kept.txt; (exec -a {marker} sleep 1000) &")
     assert host_pids(marker)
-    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 10)
+    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", WAIT_S)
     # Asleep: its processes are frozen with their memory (tests/api/test_pause.py: they use
     # no CPU and answer after the next call), its disk is kept and still listed.
     assert host_pids(marker)
@@ -54,7 +54,7 @@ def test_idle_container_sleeps_and_a_call_wakes_it(short: Any) -> None:
     assert woke.status == "running"
     assert woke.last_active_at > before
     # Streamed calls wake it too.
-    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 10)
+    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", WAIT_S)
     with http.stream(
         "POST",
         f"/v1/containers/{c.id}/calls?stream=true",
@@ -72,7 +72,7 @@ def test_idle_sleep_stop_ends_the_processes(server_factory: Any) -> None:
     c = sdk.containers.create(name="stopped")
     shell(http, c.id, f"echo kept > kept.txt; (exec -a {marker} sleep 1000) &")
     assert host_pids(marker)
-    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", 10)
+    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "sleeping", WAIT_S)
     assert not host_pids(marker)  # ended: their memory is freed
     assert shell(http, c.id, "cat kept.txt")["output"][0]["stdout"] == "kept\n"
     assert sdk.containers.retrieve(c.id).status == "running"
@@ -98,7 +98,7 @@ def test_container_expires(short: Any) -> None:
     cf = sdk.containers.files.create(c.id, file=("a.txt", b"a"))
     data_dir = short.view(short.data_dir(c.id))
     assert (data_dir / "a.txt").exists()
-    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "expired", 15)
+    assert wait_until(lambda: sdk.containers.retrieve(c.id).status == "expired", WAIT_S)
     # Processes and files are gone; it no longer counts, runs nothing, takes no files.
     assert not data_dir.exists()
     r = http.post(
@@ -152,7 +152,7 @@ def test_restart_after_kill_loses_nothing(server_factory: Any) -> None:
 
     t = threading.Thread(target=long_call)
     t.start()
-    assert wait_until(lambda: bool(host_pids(busy)), 10)
+    assert wait_until(lambda: bool(host_pids(busy)), WAIT_S)
     first.kill()
     t.join(10)
 
@@ -166,7 +166,7 @@ def test_restart_after_kill_loses_nothing(server_factory: Any) -> None:
     # The container kept running through the restart: its service is alive, and it runs
     # commands; the call cut off by the crash did not leave its command behind.
     assert host_pids(bg)
-    assert wait_until(lambda: not host_pids(busy), 10)
+    assert wait_until(lambda: not host_pids(busy), WAIT_S)
     item = shell(http2, c.id, "cat up.txt made.txt")
     assert item["output"][0]["stdout"] == "uploadedmade\n"
     assert shell(http2, idle.id, "echo ok")["output"][0]["stdout"] == "ok\n"
@@ -197,7 +197,7 @@ def test_deleting_a_container_under_a_running_call(client: Any, http: httpx.Clie
 
     t = threading.Thread(target=call)
     t.start()
-    assert wait_until(lambda: bool(host_pids(marker)), 10)
+    assert wait_until(lambda: bool(host_pids(marker)), WAIT_S)
     client.containers.delete(c.id)
     t.join(20)
     assert not t.is_alive()

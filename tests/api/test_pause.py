@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import error_of, host_pids, shell, wait_until
+from api_helpers import WAIT_S, error_of, host_pids, shell, wait_until
 
 COUNTER = """cat > /tmp/counter.py <<'PY'
 import http.server
@@ -74,7 +74,7 @@ def test_pause_keeps_memory_uses_no_cpu_and_any_call_resumes(http: httpx.Client)
     cid, marker = _counter(http)
     spin = f"spin-{secrets.token_hex(5)}"
     shell(http, cid, f"(exec -a {spin} sh -c 'while :; do :; done' &)")
-    assert wait_until(lambda: len(host_pids(spin)) == 1, 5)
+    assert wait_until(lambda: len(host_pids(spin)) == 1, WAIT_S)
     [spinner] = host_pids(spin)
 
     r = http.post(f"/v1/containers/{cid}/pause")

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from api_helpers import host_pids, shell, wait_until
+from api_helpers import WAIT_S, host_pids, shell, wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -46,7 +46,7 @@ class Term:
     def resize(self, cols: int, rows: int) -> None:
         self.ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
 
-    def until(self, pattern: bytes, timeout_s: float = 20) -> bytes:
+    def until(self, pattern: bytes, timeout_s: float = WAIT_S) -> bytes:
         """Read until ``pattern`` shows; returns (and forgets) everything read so far."""
         deadline = time.monotonic() + timeout_s
         while not re.search(pattern, self.seen):
@@ -63,7 +63,7 @@ class Term:
         found, self.seen = self.seen, b""
         return found
 
-    def until_closed(self, timeout_s: float = 20) -> None:
+    def until_closed(self, timeout_s: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -120,14 +120,15 @@ def test_ctrl_c_interrupts_the_foreground_job_and_the_prompt_returns(
     term_of: Callable[..., Term], cid: str
 ) -> None:
     t = term_of(cid)
-    t.send(b"sleep 100; echo =not-interrupted\n")
-    t.until(rb"sleep 100")
-    time.sleep(0.5)  # sleep is running in the foreground
+    sleep = f"sleep 100.{secrets.randbelow(10**9)}"
+    t.send(f"{sleep}; echo =not-interrupted\n".encode())
+    t.until(sleep.encode())
+    assert wait_until(lambda: bool(host_pids(sleep)), WAIT_S)  # running in the foreground
     started = time.monotonic()
     t.send(b"\x03")
     t.send(b"echo =back $?\n")
     out = t.until(rb"[\r\n]=back \d+")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # interrupted: not after the sleep's 100 s
     assert not re.search(rb"[\r\n]=not-interrupted", out), out
     assert re.search(rb"[\r\n]=back 130", out), out  # the shell saw sleep die of SIGINT
 
@@ -139,9 +140,9 @@ def test_a_client_that_leaves_ends_everything_the_terminal_started(
     t = Term(open_term(server, api_key, cid))
     t.send(f"(sleep {marker} &); sleep {marker}1 & echo =started\n".encode())
     t.until(rb"[\r\n]=started")
-    assert wait_until(lambda: len(host_pids(marker)) == 2, 10)
+    assert wait_until(lambda: len(host_pids(marker)) == 2, WAIT_S)
     t.ws.close()
-    assert wait_until(lambda: host_pids(marker) == [], 10), host_pids(marker)
+    assert wait_until(lambda: host_pids(marker) == [], WAIT_S), host_pids(marker)
 
 
 def test_exit_sends_the_exit_code_then_closes(term_of: Callable[..., Term], cid: str) -> None:
@@ -298,7 +299,7 @@ def test_a_forgotten_terminal_lets_its_container_sleep_one_in_use_does_not(
         while time.monotonic() - started < 5:  # over two idle-sleep periods
             keys.send(b"x")  # typed, read by cat, nothing printed
             time.sleep(0.3)
-        assert wait_until(lambda: status(forgotten) == "sleeping", 10), (
+        assert wait_until(lambda: status(forgotten) == "sleeping", WAIT_S), (
             "a terminal left open with nothing crossing it kept its container awake"
         )
         idle.until_closed()

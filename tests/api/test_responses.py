@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 import pytest
-from api_helpers import host_pids, wait_until
+from api_helpers import WAIT_S, host_pids, wait_until
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from test_responses_upstream import (
@@ -863,8 +863,8 @@ def test_a_client_that_leaves_a_stream_stops_the_command(env: LLMEnv) -> None:
         for line in lines:
             if '"go\\n"' in line:
                 break
-        assert wait_until(lambda: bool(host_pids(marker)), 5)
+        assert wait_until(lambda: bool(host_pids(marker)), WAIT_S)
         lines.close()  # leaving early closes the response: the client is gone
     # The command must die long before its 120 s timeout.
-    assert wait_until(lambda: not host_pids(marker), 10), host_pids(marker)
+    assert wait_until(lambda: not host_pids(marker), WAIT_S), host_pids(marker)
     env.llm.done()

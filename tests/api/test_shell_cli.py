@@ -29,6 +29,12 @@ def read_until(fd: int, pattern: bytes, seen: bytearray, timeout_s: float = 30) 
     return found
 
 
+def read_until_size(fd: int, seen: bytearray) -> bytes:
+    """Ask the remote shell for its terminal size; returns what came up to its answer."""
+    os.write(fd, b"stty size\r")
+    return read_until(fd, rb"[\r\n]\d+ \d+\r\n", seen)
+
+
 def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -62,9 +68,16 @@ def test_shell_cli_through_a_pty(server: Any, api_key: str, cid: str) -> None:
         # shell's echo) and "hi" once as the command's output.
         assert out.count(b"echo hi") == 1, out
         set_size(master, 120, 40)  # the window grows: SIGWINCH to shellbox shell
-        time.sleep(0.5)
-        os.write(master, b"stty size; exit 7\r")
-        read_until(master, rb"[\r\n]40 120\r\n", seen)
+        # It reaches the remote terminal on its way's pace (the CLI, the server, the agent):
+        # ask until the remote shell sees it, rather than once after a fixed pause.
+        deadline = time.monotonic() + 60
+        while True:
+            out = read_until_size(master, seen)
+            if re.search(rb"[\r\n]40 120\r\n", out):
+                break
+            assert time.monotonic() < deadline, out
+            time.sleep(0.1)
+        os.write(master, b"exit 7\r")
         assert proc.wait(30) == 7
         assert termios.tcgetattr(slave) == before  # the local terminal restored on exit
     finally:

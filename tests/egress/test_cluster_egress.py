@@ -75,6 +75,6 @@ def test_an_allowlist_made_through_one_replica_works_through_the_other(
                 hosts = {e["host"] for e in events.json()["data"]}
                 return {"api.example.test", "other.example.test"} <= hosts
 
-            wait_for(audited, 10)
+            wait_for(audited)
         for cid in made:
             assert front.delete(f"/v1/containers/{cid}").status_code == 200

@@ -22,10 +22,12 @@ from egress_helpers import (
     NOCERT_NAME,
     UP_HOST_IP,
     UP_IP,
+    WAIT_S,
     EgressServer,
     Upstream,
     create,
     run,
+    wait_for,
 )
 
 SECRET = "sk-live-0123456789abcdef-egress-test"
@@ -159,8 +161,14 @@ def test_upstream_tls_is_verified(egress: EgressServer) -> None:
     with egress.http as http:
         cid = create(http, {"type": "allowlist", "allowed_domains": [NOCERT_NAME]})
         [r] = run(http, cid, f"{CURL} -i https://{NOCERT_NAME}/echo")
-        time.sleep(0.3)
-        events = http.get(f"/v1/containers/{cid}/egress").json()["data"]
+
+        def events_of() -> list[dict[str, Any]]:
+            data: list[dict[str, Any]] = http.get(f"/v1/containers/{cid}/egress").json()["data"]
+            return data
+
+        # The proxy writes its audit rows on its own pace: wait for the one this is about.
+        wait_for(lambda: any("upstream TLS failed" in str(e["reason"]) for e in events_of()))
+        events = events_of()
         http.delete(f"/v1/containers/{cid}")
     assert " 502 " in r["stdout"] and "Certificate verify failed" in r["stdout"], r
     assert any("upstream TLS failed" in str(e["reason"]) for e in events), events
@@ -275,7 +283,7 @@ def test_host_services_are_unreachable(egress: EgressServer, box: str) -> None:
         for p in ports:
             with socket.create_connection(("127.0.0.1", p), timeout=2):
                 pass
-        time.sleep(0.3)
+        wait_for(lambda: len(accepted) >= 2)  # accepted by their threads
         assert len(accepted) == 2, "the host listeners do not work"
         accepted.clear()
         proxy = out1(http, box, "echo $HTTPS_PROXY")["stdout"].strip()
@@ -445,7 +453,7 @@ def test_audit_lists_allowed_and_refused_attempts(egress: EgressServer) -> None:
             f"{CURL} -o /dev/null https://blocked.example.test/",
             f"{CURL} -o /dev/null http://blocked.example.test/x?y=1",
         )
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WAIT_S
         while True:
             page = http.get(f"/v1/containers/{cid}/egress", params={"order": "asc"}).json()
             if len(page["data"]) >= 4 or time.monotonic() > deadline:

@@ -3,14 +3,22 @@ and the ``--egress-allow`` bound on a server of its own."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from egress_helpers import SNI_PROBE, EgressServer, Upstream, cleanup, create, run, start_server
+from egress_helpers import (
+    SNI_PROBE,
+    EgressServer,
+    Upstream,
+    cleanup,
+    create,
+    run,
+    start_server,
+    wait_for,
+)
 
 from shellbox.settings import load_settings
 
@@ -133,8 +141,17 @@ def test_intercept_secrets_tunnels_the_other_hosts(
             # a tunnel would carry this SNI to the upstream: it is intercepted and refused
             f"API_KEY=x python3 -c '{SNI_PROBE}' other.example.test blocked.example.test",
         )
-        time.sleep(0.3)
-        events = http.get(f"/v1/containers/{cid}/egress", params={"order": "asc"}).json()["data"]
+
+        # The proxy writes its audit rows on its own pace: wait for the four requests'.
+        def events_of() -> list[dict[str, Any]]:
+            params = {"order": "asc"}
+            data: list[dict[str, Any]] = http.get(
+                f"/v1/containers/{cid}/egress", params=params
+            ).json()["data"]
+            return data
+
+        wait_for(lambda: len(events_of()) >= 4)
+        events = events_of()
         http.delete(f"/v1/containers/{cid}")
     seen = {s["path"]: s["headers"]["authorization"] for s in upstream.seen()}
     assert seen["/echo?m=api"] == "Bearer tunnel-s3cret"  # decrypted: the secret goes in

@@ -69,7 +69,7 @@ def test_server_restart_keeps_egress_and_release_frees_the_namespace(
     seen = [s for s in upstream.seen() if s["path"] == "/echo?r=3"]
     assert seen[0]["headers"]["authorization"] == "Bearer recovery-v4lue"
     assert [e["path"] for e in audit] == ["/echo"]
-    wait_for(lambda: not Path(f"/run/netns/{netns}").exists(), 10)
+    wait_for(lambda: not Path(f"/run/netns/{netns}").exists())
 
 
 async def test_slots_of_a_vanished_server_are_collected(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def test_allowlist_creation_takes_a_pooled_container(
 ) -> None:
     with egress.http as http:
         first = create(http, POLICY)  # the proxy runs from now on; the pool fills
-        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1, 20)
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
         [pooled] = pooled_allowlist_ids(egress)
         assert first in proxy_clients(egress) and pooled not in proxy_clients(egress)
         # A refused creation is refused before a pooled container is taken.
@@ -72,9 +72,9 @@ def test_allowlist_creation_takes_a_pooled_container(
 
         assert second in proxy_clients(egress)
         # Deleting gives the namespaces back: the warm ones and the refilled pool's remain.
-        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1, 20)
+        wait_for(lambda: len(pooled_allowlist_ids(egress)) == 1)
         before = len(owned_namespaces(egress.server))
         for cid in (first, second):
             http.delete(f"/v1/containers/{cid}")
-        wait_for(lambda: len(owned_namespaces(egress.server)) == before - 2, 20)
+        wait_for(lambda: len(owned_namespaces(egress.server)) == before - 2)
         assert proxy_clients(egress).isdisjoint({first, second})

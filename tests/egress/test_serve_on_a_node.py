@@ -101,7 +101,7 @@ def test_containers_calls_and_files_run_on_the_node(
     r = http.get(f"/v1/containers/{c.id}/files/cfile_nosuchfile/content")
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
     client.containers.delete(c.id)
-    wait_for(lambda: not (node.state_dir / "containers" / c.id).exists(), 10)
+    wait_for(lambda: not (node.state_dir / "containers" / c.id).exists())
 
 
 def test_a_skill_is_mounted_from_the_node(
@@ -150,7 +150,7 @@ def test_an_allowlist_is_enforced_by_the_node(
         events = http.get(f"/v1/containers/{cid}/egress", params={"limit": 100}).json()["data"]
         return {"api.example.test", "other.example.test"} <= {e["host"] for e in events}
 
-    wait_for(audited, 10)  # written by the node into the same database
+    wait_for(audited)  # written by the node into the same database
     assert http.delete(f"/v1/containers/{cid}").status_code == 200
 
 
@@ -167,7 +167,7 @@ def test_a_service_and_a_terminal_in_a_container_on_the_node(
         " >/dev/null 2>&1 &",
     )
     digest = up["stdout"].strip()
-    wait_for(lambda: http.get(f"/v1/containers/{c.id}/ports/8000/").status_code == 200, 10)
+    wait_for(lambda: http.get(f"/v1/containers/{c.id}/ports/8000/").status_code == 200)
     blob = http.get(f"/v1/containers/{c.id}/ports/8000/blob")  # relayed by the node
     assert blob.status_code == 200 and hashlib.sha256(blob.content).hexdigest() == digest
     nothing = http.get(f"/v1/containers/{c.id}/ports/8999/")

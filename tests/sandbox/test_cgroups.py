@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import run1
+from sandbox_helpers import WAIT_S, run1
 
 from shellbox.ids import new_id
 from shellbox.sandbox import ContainerSpec, ExecRequest, OciRuntime
@@ -73,8 +73,14 @@ async def test_each_command_runs_in_its_own_cgroup_apart_from_the_agent(
             run1(runtime, container, both), run1(runtime, container, both)
         )
     )
-    # The agent steps into a command's cgroups for the moment of its spawn: look a bit later.
-    agent = _own_cgroups((await run1(runtime, container, "sleep 0.3; cat /proc/1/cgroup")).stdout)
+    # The agent steps into a command's cgroups for the moment of its spawn (this command's
+    # too), which a loaded host can stretch: look once it has stepped back, or after WAIT_S.
+    wait = int(WAIT_S * 10)
+    look = (
+        f"for i in $(seq {wait}); do grep -q cmd /proc/1/cgroup || break; sleep 0.1; done; "
+        "cat /proc/1/cgroup"
+    )
+    agent = _own_cgroups((await run1(runtime, container, look, timeout_ms=wait * 200)).stdout)
     if runtime.cgroups.mode is CgroupMode.v2:
         # The agent in a leaf of its own, commands in leaves under the shared cmds/.
         assert agent == {"": "/agent"}
@@ -109,19 +115,30 @@ async def test_a_cgroup_whose_command_was_killed_is_reused_empty_and_thawed(
 ) -> None:
     """A timeout freezes and kills a command's whole cgroup (escapers included); the cgroup
     then serves a later command, which runs, unfrozen, with nothing of the killed one left."""
-    killed = await run1(
-        runtime,
-        container,
-        "cat /proc/self/cgroup; (setsid sleep 300 &); sleep 300 & sleep 300",
-        timeout_ms=500,
-    )
-    assert killed.outcome.type == "timeout", killed
+    # The timeout must fall after the command has started its escapers ("armed"), however
+    # slow the host (a loaded one, the emulated guest): a short one first, doubled until a
+    # run gets that far. Each run that did not still timed out, and leaves nothing behind
+    # that the check below would not also see.
+    timeout_ms = 500
+    while True:
+        killed = await run1(
+            runtime,
+            container,
+            "cat /proc/self/cgroup; (setsid sleep 3600 &); sleep 3600 & echo armed; sleep 3600",
+            timeout_ms=timeout_ms,
+        )
+        assert killed.outcome.type == "timeout", killed
+        if killed.stdout.endswith("armed\n") or timeout_ms > WAIT_S * 1000:
+            break
+        timeout_ms *= 2
+    assert killed.stdout.endswith("armed\n"), killed
     group = _command_cgroup(killed.stdout)
-    deadline = time.monotonic() + 15  # a kill on v2 is asynchronous: the agent sweeps later
+    deadline = time.monotonic() + WAIT_S  # a kill on v2 is asynchronous: the agent sweeps later
     while True:
         r = await run1(
-            runtime, container, "cat /proc/self/cgroup; pgrep -c sleep || true", timeout_ms=5000
-        )
+            runtime, container, "cat /proc/self/cgroup; pgrep -c sleep || true",
+            timeout_ms=int(WAIT_S * 1000),
+        )  # fmt: skip
         assert r.outcome.exit_code == 0, r
         if _command_cgroup(r.stdout) == group:
             break
@@ -226,10 +243,10 @@ def test_removal_kills_what_is_left_in_a_containers_cgroups(
         if frozen:
             _freeze(freezer / "stray", v2)
         try:
-            cgroups.remove(cid, timeout_s=5)
+            cgroups.remove(cid)
         except OSError as exc:
             pytest.fail(f"removing the cgroups of a container with a {frozen=} leftover: {exc!r}")
-        assert stray.wait(timeout=5) == -signal.SIGKILL
+        assert stray.wait(timeout=WAIT_S) == -signal.SIGKILL
         assert not any(top.exists() for top in tops)
     finally:
         # Whatever happened: thaw the stray (a frozen one outlives SIGKILL, and waiting for
@@ -246,7 +263,7 @@ def test_removal_kills_what_is_left_in_a_containers_cgroups(
 def _freeze(group: Path, v2: bool) -> None:
     """Freeze one cgroup from the host, and wait until the kernel says it is frozen."""
     (group / _FREEZE_CONTROL[v2]).write_text("1" if v2 else "FROZEN")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + WAIT_S
     while True:
         if v2 and "frozen 1" in (group / "cgroup.events").read_text():
             return

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import REPO, TIME_SCALE, run1
+from sandbox_helpers import REPO, TIME_SCALE, WAIT_S, run1
 
 from shellbox.agent.protocol import OOM_NOTE
 from shellbox.ids import new_id
@@ -190,7 +190,7 @@ async def test_no_network_and_no_host_services(
     assert (loopback.accepted, anyaddr.accepted) == (1, 0)
 
 
-async def _eventually(check: object, timeout_s: float = 2.0) -> bool:
+async def _eventually(check: object, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if callable(check) and check():

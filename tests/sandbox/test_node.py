@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from sandbox_helpers import host_pids, make_state_dir, remove_state_dir, wait_gone
+from sandbox_helpers import WAIT_S, host_pids, make_state_dir, remove_state_dir, wait_gone
 
 from node_helpers import NodeProcess, free_port, write_key_file
 from process_helpers import destroy_all_sandboxes
@@ -154,7 +154,7 @@ async def test_leaving_a_command_kills_it_on_the_node(node: NodeProcess, leave: 
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-        assert await wait_gone(marker, timeout_s=5) == []
+        assert await wait_gone(marker) == []
         [after] = await remote.run(cid, ExecRequest(["echo fine"], 10_000, 100))
         assert after.stdout == "fine\n"
     finally:
@@ -162,7 +162,7 @@ async def test_leaving_a_command_kills_it_on_the_node(node: NodeProcess, leave: 
         await remote.aclose()
 
 
-async def wait_for_pids(pattern: str, timeout_s: float = 10.0) -> bool:
+async def wait_for_pids(pattern: str, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not host_pids(pattern):
         if time.monotonic() > deadline:

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import IMAGE_DIR, REPO, host_pids, run1, wait_gone
+from sandbox_helpers import IMAGE_DIR, REPO, WAIT_S, host_pids, run1, wait_gone
 
 from shellbox.agent import protocol
 from shellbox.errors import AgentUnavailable
@@ -245,10 +245,19 @@ async def test_the_exec_fallback_when_the_agent_socket_is_gone(
     kept, escaper = f"sleep 6161.{os.getpid()}", f"sleep 6262.{os.getpid()}"
     await run1(runtime, container, f"({kept} &)")
     runtime.socket_path(container).unlink()
-    [timed_out] = await runtime.run(
-        container, ExecRequest([f"setsid {escaper} & ({escaper} &); sleep 60"], 500, 100)
-    )
-    assert timed_out.outcome.type == "timeout"
+    # The timeout must fall after the escapers started (/tmp/armed: this path keeps no output
+    # of a timed-out command), however slow the host (the emulated guest, a loaded one):
+    # 500 ms first, doubled until a run gets that far.
+    command = f"setsid {escaper} & ({escaper} &); touch /tmp/armed; sleep 3600"
+    timeout_ms = 500
+    while True:
+        [timed_out] = await runtime.run(container, ExecRequest([command], timeout_ms, 100))
+        assert timed_out.outcome.type == "timeout"
+        armed = await run1(runtime, container, "test -e /tmp/armed && echo yes")
+        if armed.stdout == "yes\n" or timeout_ms > WAIT_S * 1000:
+            break
+        timeout_ms *= 2
+    assert armed.stdout == "yes\n", "the command never got as far as its escapers"
     assert await wait_gone(escaper) == []  # the setsid one and the double-forked one
     assert len(host_pids(kept)) == 1  # what ran before the call is left alone
     results = await runtime.run(container, ExecRequest(["id -u; pwd", "exit 4"], 10_000, 100))

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from sandbox_helpers import TIME_SCALE, host_pids, run1, wait_gone
+from sandbox_helpers import TIME_SCALE, WAIT_S, host_pids, run1, wait_gone
 
 from shellbox.agent.protocol import MAX_COMMAND_BYTES
 from shellbox.errors import InvalidRequest
@@ -213,8 +213,10 @@ async def test_closing_the_stream_early_kills_the_command(
 ) -> None:
     stream = oci.exec(box, ExecRequest([f"sleep {marker} & wait", "touch never"], 30_000, 100))
     assert await anext(stream) == CommandStarted(0)
-    await asyncio.sleep(0.2)
-    assert host_pids(f"sleep {marker}")
+    deadline = time.monotonic() + WAIT_S  # started is said before bash has forked the sleep
+    while not host_pids(f"sleep {marker}"):
+        assert time.monotonic() < deadline, "the command's sleep never started"
+        await asyncio.sleep(0.05)
     await stream.aclose()
     assert await wait_gone(f"sleep {marker}") == []
     r = await run1(oci, box, "ls never 2>&1; echo ok")

@@ -45,6 +45,12 @@ PARENT_CPU_WEIGHT, CONTAINER_CPU_WEIGHT = 50, 100
 PARENT_IO_WEIGHT, CONTAINER_IO_WEIGHT = 50, 100
 # How often ``remove`` kills again what is left while the cgroups stay busy, in seconds.
 KILL_REPEAT_S = 0.5
+# Bounds for what only the kernel's pace decides, so for a stuck process only, never for the
+# common case: killed processes leaving their cgroups (exiting a task with a big address space
+# or the last one of a mount namespace, whose overlay is synced, can take tens of seconds on a
+# loaded host), and every task reaching the freezer. Shorter bounds answered 500s under load.
+REMOVE_TIMEOUT_S = 60.0
+FREEZE_TIMEOUT_S = 30.0
 
 
 class CgroupMode(StrEnum):
@@ -171,7 +177,7 @@ class HostCgroups:
                     if (path / name).exists():
                         _write_weight(path / name, value)
 
-    def remove(self, container_id: str, timeout_s: float = 10.0) -> None:
+    def remove(self, container_id: str, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
         """Remove the container's cgroups, sub-cgroups first. Waits for dying processes,
         and kills any still there (a runtime's kill reaches the container's own cgroup; on a
         loaded machine the processes of its sub-cgroups, terminals and commands, can take
@@ -273,7 +279,7 @@ class HostCgroups:
             found.update(int(pid) for pid in text.split())
         return found
 
-    def freeze(self, container_id: str, frozen: bool, timeout_s: float = 5.0) -> None:
+    def freeze(self, container_id: str, frozen: bool, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
         """Freeze (or thaw) every process of the container, and return once the kernel says
         it is done: v2's ``cgroup.freeze``, v1's freezer. What ``crun pause`` does, without
         starting a process for it (~0.1 ms against ~10-40 ms), and what ``crun state``

@@ -125,7 +125,11 @@ log = logging.getLogger("shellbox.sandbox")
 AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent"
 AGENT_FILES = ("server.py", "protocol.py")
 RUN_KEY = re.compile(r"[0-9a-f]{12}")  # run_base's name: the start of the state dir's sha256
-AGENT_START_TIMEOUT_S = 10.0
+# A live agent that has not answered yet. One that died answers at once (the last copy of its
+# listening socket closes with it and the ping reads EOF), so this bounds only a slow or hung
+# one, and must be long: on a loaded host (load average 100-400) starting Python in a new
+# container can take over 10 s, and a create then answered 500 for an agent starting fine.
+AGENT_START_TIMEOUT_S = 60.0
 PF_EXITING = 0x4  # <linux/sched.h>: a task's flags while it exits
 # How ``crun exec`` gets a command: on stdin, never as argv (one argv string is capped at
 # 128 KiB, a command may be 1 MiB). bash reads it whole from the pipe (``cat``: the sandbox

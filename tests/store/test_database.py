@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import bindparam, delete, select, update
 
 from shellbox.store import Database
+from shellbox.store.db import insert_new
 from shellbox.store.tables import sandbox_usage
 
 ROW = {
@@ -31,7 +32,7 @@ DROP = delete(sandbox_usage).where(t.id == bindparam("b_id"))
 
 
 def test_insert_new_writes_a_row_once_and_reads_come_back_typed(db: Database) -> None:
-    insert = db.insert_new(sandbox_usage, t.id)
+    insert = insert_new(db.engine.dialect, sandbox_usage, t.id)
     assert db.write(insert, ROW) == 1
     assert db.write(insert, ROW | {"billed_ms": 5}) == 0  # its key exists: skipped
     row = db.first_row(READ, {"b_id": "call_1"})
@@ -41,7 +42,7 @@ def test_insert_new_writes_a_row_once_and_reads_come_back_typed(db: Database) ->
 
 
 def test_writes_report_the_rows_they_changed_and_are_committed(db: Database) -> None:
-    db.write(db.insert_new(sandbox_usage, t.id), ROW)
+    db.write(insert_new(db.engine.dialect, sandbox_usage, t.id), ROW)
     assert db.write(BILL, {"b_id": "call_1", "ms": 7}) == 1
     assert db.write(BILL, {"b_id": "nope", "ms": 7}) == 0
     with db.connect() as conn:  # another connection sees it: committed

@@ -25,7 +25,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -69,6 +69,15 @@ class _Hot:
         if self.positional:
             return tuple(value for _, value in values)
         return dict(values)
+
+
+def insert_new(dialect: Dialect, table: Table, key: Column[Any]) -> Insert:
+    """An INSERT into ``table`` that skips a row whose ``key`` (unique) exists already:
+    ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL both speak; its rowcount says
+    whether the row was written. For ``Database.write`` or a Connection's ``execute``."""
+    if dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+    return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
 
 
 class Database:
@@ -127,13 +136,6 @@ class Database:
         finally:
             conn.close()
         return row, changed
-
-    def insert_new(self, table: Table, key: Column[Any]) -> Insert:
-        """An INSERT into ``table`` that skips a row whose ``key`` (unique) exists already:
-        ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL both speak, for ``write``."""
-        if self.engine.dialect.name == "postgresql":
-            return postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
-        return sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
 
     def _compiled(self, statement: ClauseElement, params: Mapping[str, Any]) -> _Hot:
         hot = self._hot.get(id(statement))

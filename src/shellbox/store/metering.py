@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from shellbox.store.db import Database
+from shellbox.store.db import Database, insert_new
 from shellbox.store.tables import containers, egress_events, sandbox_usage
 
 UsageKind = Literal["responses", "messages", "call"]
@@ -85,24 +85,8 @@ class StatsStore(Protocol):
 def insert_usage(conn: Connection, usage: SandboxUsage) -> bool:
     """Write ``usage`` in the caller's transaction (for the repositories of this package);
     False when its request was already billed (nothing is written)."""
-    seen = conn.execute(select(sandbox_usage.c.seq).where(sandbox_usage.c.id == usage.id)).first()
-    if seen is not None:
-        return False
-    conn.execute(
-        insert(sandbox_usage).values(
-            id=usage.id,
-            project=usage.project,
-            api_key_id=usage.api_key_id,
-            container_id=usage.container_id,
-            kind=usage.kind,
-            started_at_ms=usage.started_at_ms,
-            ended_at_ms=usage.ended_at_ms,
-            measured_ms=usage.measured_ms,
-            billed_ms=usage.billed_ms,
-            started_container=usage.started_container,
-        )
-    )
-    return True
+    statement = insert_new(conn.dialect, sandbox_usage, sandbox_usage.c.id)
+    return conn.execute(statement, dataclasses.asdict(usage)).rowcount == 1
 
 
 class SqlUsageStore:
@@ -110,7 +94,7 @@ class SqlUsageStore:
         self.db = db
         # Every direct call writes one row before its answer goes out: one statement,
         # compiled once (SQLAlchemy's per-execution work cost more than the insert).
-        self._record = db.insert_new(sandbox_usage, sandbox_usage.c.id)
+        self._record = insert_new(db.engine.dialect, sandbox_usage, sandbox_usage.c.id)
 
     def record(self, usage: SandboxUsage) -> bool:
         return self.db.write(self._record, dataclasses.asdict(usage)) == 1

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+from waiting import WAIT_S as WAIT_S
+from waiting import wait_until as wait_until
 
 
 def shell(http: httpx.Client, cid: str, *commands: str, **action: Any) -> dict[str, Any]:
@@ -43,22 +44,6 @@ def host_pids(marker: str) -> list[int]:
     """Host pids whose command line contains ``marker`` (the host sees sandbox processes)."""
     out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
-
-
-# The bound of a wait for something the server, an agent or the kernel does at its own pace
-# (a process to start or die, a container to go to sleep): a wait ends as soon as its
-# condition holds, so the bound costs nothing when all is well; it only has to outlast a
-# loaded host (load average 100-400), where 5-10 s bounds failed.
-WAIT_S = 60
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:

@@ -28,18 +28,10 @@ from shellbox.store import NodeStore, create_database
 from shellbox.store.containers import SqlContainerStore
 from shellbox.store.nodes import SqlNodeStore
 from shellbox.store.tables import placements, snapshots
+from waiting import wait_until
 
 MIB = 1 << 20
 WRITE_6M = "head -c 6291456 /dev/urandom > /mnt/data/blob && sha256sum /mnt/data/blob"
-
-
-def wait_until(predicate: Any, timeout_s: float, step_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return bool(predicate())
 
 
 @pytest.fixture(scope="module")

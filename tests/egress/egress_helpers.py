@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from waiting import WAIT_S
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -172,12 +174,6 @@ def run_key(server: Any) -> str:
 def egress_run_dir(es: EgressServer) -> Path:
     """Where the server and its proxy share policy.json, the audit and the ready file."""
     return Path("/run/shellbox") / run_key(es.server) / "egress"
-
-
-# The bound of a wait for something done at its own pace (an audit row written, a namespace
-# released): a wait ends as soon as its condition holds; the bound only has to outlast a
-# loaded host (load average 100-400).
-WAIT_S = 60
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import waiting
 from process_helpers import make_state_dir as make_state_dir
 from process_helpers import remove_state_dir as remove_state_dir
 from shellbox.sandbox import CommandResult, ExecRequest, OciRuntime
@@ -17,11 +18,8 @@ IMAGE_DIR = REPO / ".state" / "images"
 # How much slower than this host the tests run: scripts/test-v2.sh sets it for its emulated
 # guest (10-15x slower), where a fork bomb needs more than 3 s to reach a pids limit.
 TIME_SCALE = float(os.environ.get("SHELLBOX_TEST_TIME_SCALE", "1"))
-# The bound of a wait for something the kernel or the agent does at its own pace (killed
-# processes to go, a cgroup to be swept): a wait ends as soon as its condition holds, so the
-# bound costs nothing when all is well and only has to outlast a loaded host (load average
-# 100-400) or the emulated guest.
-WAIT_S = 60 * TIME_SCALE
+# ``waiting.WAIT_S``, scaled for the emulated guest.
+WAIT_S = waiting.WAIT_S * TIME_SCALE
 
 
 async def run1(
